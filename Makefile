@@ -1,0 +1,39 @@
+# servelab: one entry point for setup, the benchmark and the tests.
+# `make bench` and `make test` both build .venv and the collections first (idempotent, stamped).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(abspath ansible.cfg)
+STAMP := $(VENV)/.servelab-stamp
+COLL_STAMP := collections/.servelab-stamp
+
+.PHONY: bench test setup lab-test gpu-test lint clean
+bench: setup
+	ansible-playbook bench.yml $(ARGS)
+
+test: setup
+	python -m pytest $(PYTEST_ARGS)
+
+setup: $(STAMP) $(COLL_STAMP)
+
+$(STAMP): requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(COLL_STAMP): requirements.yml tools/collections.py $(STAMP)
+	$(BIN)/python tools/collections.py requirements.yml collections
+	touch $@
+
+# Only the test lab (real LXC containers; needs root).
+lab-test: setup
+	python -m pytest tests/lab $(PYTEST_ARGS)
+
+# Only the GPU tests (run on a machine with an NVIDIA GPU).
+gpu-test: setup
+	python -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) collections .cache .pytest_cache

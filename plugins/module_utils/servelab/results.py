@@ -1,0 +1,62 @@
+"""The results contract (DESIGN 5b): file names, column names and atomic writes.
+
+Every producer (llm_bench) and consumer (bench_report, tests, testinfra) reads the names from
+here, so a renamed column breaks loudly in one place instead of silently in three.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+MANIFEST = "manifest.json"
+REQUESTS = "requests.jsonl"
+LEVELS = "levels.csv"
+SUMMARY = "summary.md"
+REPORT_HTML = "report.html"
+PLOTS_DIR = "plots"
+PARTS_DIR = "parts"          # per (host, profile, level) files written as each level finishes
+LATEST_LINK = "latest"       # results/latest -> results/<run_id>
+
+# One record per request in requests.jsonl. Times are client CLOCK_MONOTONIC in ns.
+REQUEST_FIELDS = (
+    "host", "profile", "concurrency", "worker", "request_id",
+    "t_send", "t_first", "t_last",
+    "prompt_tokens", "completion_tokens", "tokens_source",
+    "ttft_ms", "e2e_ms", "tpot_ms", "chunks", "error", "in_window",
+)
+
+# One row per (host, profile, concurrency) in levels.csv; the columns DESIGN 5b requires first,
+# then extra columns. Consumers must tolerate extra columns.
+LEVEL_COLUMNS = (
+    "host", "profile", "concurrency", "requests", "errors", "window_s",
+    "output_tok_s", "output_tok_s_ci95", "total_tok_s", "request_s",
+    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+    "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
+    "itl_p50_ms", "itl_p99_ms",
+    "e2e_p50_ms", "e2e_p99_ms",
+    "goodput_request_s", "client_limited",
+)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the new one, never a torn one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
