@@ -23,8 +23,8 @@ $(STAMP): requirements.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
 	touch $@
 
-$(COLL_STAMP): requirements.yml tools/collections.py $(STAMP)
-	$(BIN)/python tools/collections.py requirements.yml collections
+$(COLL_STAMP): requirements.yml tools/install_collections.py $(STAMP)
+	$(BIN)/python tools/install_collections.py requirements.yml collections
 	touch $@
 
 # Only the test lab (real LXC containers; needs root).

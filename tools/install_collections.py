@@ -7,7 +7,7 @@ one wheel (cached under .cache/) and extract only the collections requirements.y
 check that each extracted collection has the pinned version: a silent version drift would make
 the lab and the field disagree.
 
-Usage: tools/collections.py requirements.yml DEST
+Usage: tools/install_collections.py requirements.yml DEST
 """
 from __future__ import annotations
 
