@@ -13,8 +13,10 @@ COLL_STAMP := collections/.servelab-stamp
 bench: setup
 	ansible-playbook bench.yml $(ARGS)
 
+# pytest exits 5 when it collected no test: an empty selection must fail loudly, not pass.
 test: setup
-	python -m pytest $(PYTEST_ARGS)
+	python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 setup: $(STAMP) $(COLL_STAMP)
 
