@@ -1,0 +1,377 @@
+"""What the report concludes from the level rows: speedup, crossover, recommendation, comparison.
+
+Only rows marked `usable` by report_data (not failed, not client-limited, errors within bounds)
+enter speedup ratios used for conclusions, the crossover and the recommendation; the others stay
+visible in the tables with their note.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+
+@dataclass
+class SpeedupPoint:
+    host: str
+    profile: str
+    baseline: str
+    concurrency: int
+    speedup: float | None  # profile output tok/s / baseline output tok/s
+    profile_tok_s: float | None
+    baseline_tok_s: float | None
+    within_ci: bool | None  # the difference is inside the two 95% CIs together: a tie
+    usable: bool  # both levels usable: counts for crossover and recommendation
+    note: str = ""
+
+
+@dataclass
+class Crossover:
+    """Where a profile's output tok/s falls below the baseline's after having been above it.
+
+    status: crossed | never_won | always_wins | no_baseline | no_common_levels
+    concurrency: the first measured level at which the profile falls below (status crossed)
+    bracket: [last level at or above, that level]; estimate: the concurrency where the linear
+    interpolation of (profile - baseline) tok/s between the bracket's two levels is zero.
+    """
+
+    host: str
+    profile: str
+    baseline: str
+    status: str
+    concurrency: int | None = None
+    bracket: list | None = None
+    estimate: float | None = None
+    won_at: list = field(default_factory=list)
+    lost_at: list = field(default_factory=list)
+    excluded: list = field(default_factory=list)
+    text: str = ""
+
+
+@dataclass
+class Segment:
+    """A run of consecutive measured levels with the same best profile."""
+
+    profile: str
+    levels: list
+    speedup_min: float | None = None
+    speedup_max: float | None = None
+
+
+@dataclass
+class HostRecommendation:
+    host: str
+    segments: list
+    text: str
+
+
+@dataclass
+class ComparePoint:
+    host: str
+    profile: str
+    concurrency: int
+    output_tok_s: float | None
+    earlier_output_tok_s: float | None
+    delta_tok_s: float | None
+    delta_pct: float | None
+    ttft_p50_ms: float | None
+    earlier_ttft_p50_ms: float | None
+    tpot_p50_ms: float | None
+    earlier_tpot_p50_ms: float | None
+    earlier_host: str
+
+
+def _num(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def fmt_c(value: float) -> str:
+    """A concurrency for prose: 3.4 -> '3.4', 5.0 -> '5'."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def level_ranges(levels: list) -> str:
+    """[1, 2] -> 'C=1-2'; [5] -> 'C=5'; measured levels are sparse, so a range names its ends."""
+    if not levels:
+        return "no level"
+    return f"C={levels[0]}" if len(levels) == 1 else f"C={levels[0]}-{levels[-1]}"
+
+
+def profiles_in(levels: pd.DataFrame, baseline: str) -> list:
+    """Profiles in a stable order: the baseline first, then the others as they appear."""
+    seen = list(dict.fromkeys(levels["profile"].tolist()))
+    return ([baseline] if baseline in seen else []) + [p for p in seen if p != baseline]
+
+
+def compute_speedup(levels: pd.DataFrame, baseline: str) -> list:
+    points = []
+    for host, host_rows in levels.groupby("host", sort=True):
+        base = host_rows[host_rows["profile"] == baseline].set_index("concurrency")
+        for profile in profiles_in(host_rows, baseline):
+            if profile == baseline:
+                continue
+            rows = host_rows[host_rows["profile"] == profile]
+            for _, row in rows.iterrows():
+                c = int(row["concurrency"])
+                tok_s = _num(row["output_tok_s"])
+                if c not in base.index:
+                    points.append(SpeedupPoint(
+                        host=host, profile=profile, baseline=baseline, concurrency=c,
+                        speedup=None, profile_tok_s=tok_s, baseline_tok_s=None, within_ci=None,
+                        usable=False, note=f"no {baseline} level at C={c}"))
+                    continue
+                b = base.loc[c]
+                b_tok_s = _num(b["output_tok_s"])
+                usable = bool(row["usable"]) and bool(b["usable"])
+                speedup = tok_s / b_tok_s if tok_s is not None and b_tok_s else None
+                within_ci = None
+                ci_p, ci_b = _num(row["output_tok_s_ci95"]), _num(b["output_tok_s_ci95"])
+                if speedup is not None and ci_p is not None and ci_b is not None:
+                    within_ci = abs(tok_s - b_tok_s) <= ci_p + ci_b
+                note = ""
+                if not usable:
+                    reasons = []
+                    if row["note"]:
+                        reasons.append(f"{profile}: {row['note']}")
+                    if b["note"]:
+                        reasons.append(f"{baseline}: {b['note']}")
+                    note = "; ".join(reasons)
+                points.append(SpeedupPoint(
+                    host=host, profile=profile, baseline=baseline, concurrency=c,
+                    speedup=speedup, profile_tok_s=tok_s, baseline_tok_s=b_tok_s,
+                    within_ci=within_ci, usable=usable, note=note))
+    return points
+
+
+def _crossover_for(
+    host: str, profile: str, baseline: str, rows: pd.DataFrame, base: pd.DataFrame
+) -> Crossover:
+    if base.empty:
+        return Crossover(
+            host,
+            profile,
+            baseline,
+            "no_baseline",
+            text=f"{profile} on {host}: no {baseline} results on this host, so no crossover",
+        )
+    p_ok = rows[rows["usable"]].set_index("concurrency")["output_tok_s"]
+    b_ok = base[base["usable"]].set_index("concurrency")["output_tok_s"]
+    common = sorted(set(p_ok.index) & set(b_ok.index))
+    every_level = sorted(set(rows["concurrency"]) | set(base["concurrency"]))
+    excluded = [c for c in every_level if c not in common]
+    cross = Crossover(host, profile, baseline, "no_common_levels", excluded=excluded)
+    if not common:
+        cross.text = (
+            f"{profile} on {host}: no level where both it and {baseline} have usable "
+            "results, so no crossover"
+        )
+        return cross
+    diff = {c: float(p_ok[c]) - float(b_ok[c]) for c in common}
+    cross.won_at = [c for c in common if diff[c] > 0]
+    cross.lost_at = [c for c in common if diff[c] < 0]
+    won_before = False
+    previous = None
+    for c in common:
+        if diff[c] < 0 and won_before:
+            d_a, d_b = diff[previous], diff[c]
+            cross.status = "crossed"
+            cross.concurrency = c
+            cross.bracket = [previous, c]
+            # Linear interpolation of the tok/s difference between the two levels; d_a >= 0 > d_b.
+            cross.estimate = previous + (c - previous) * d_a / (d_a - d_b)
+            skipped = [e for e in excluded if previous < e < c]
+            cross.text = (
+                f"{profile} on {host} falls below {baseline} at C={c}: between "
+                f"C={previous} and C={c}, linear estimate C~{fmt_c(round(cross.estimate, 1))}"
+            )
+            if skipped:
+                cross.text += (
+                    f" (level(s) {', '.join(map(str, skipped))} in between were excluded, "
+                    "so the bracket is wider than measured)"
+                )
+            return cross
+        won_before = won_before or diff[c] > 0
+        previous = c
+    span = level_ranges(common)
+    if not cross.won_at:
+        cross.status = "never_won"
+        cross.text = (
+            f"{profile} on {host} never beats {baseline} at the usable levels ({span}): "
+            "no crossover"
+        )
+    else:
+        cross.status = "always_wins"
+        cross.text = (
+            f"{profile} on {host} stays at or above {baseline} at every usable level "
+            f"({span}): no crossover within the sweep"
+        )
+    return cross
+
+
+def compute_crossover(levels: pd.DataFrame, baseline: str) -> list:
+    result = []
+    for host, host_rows in levels.groupby("host", sort=True):
+        base = host_rows[host_rows["profile"] == baseline]
+        for profile in profiles_in(host_rows, baseline):
+            if profile != baseline:
+                rows = host_rows[host_rows["profile"] == profile]
+                result.append(_crossover_for(host, profile, baseline, rows, base))
+    return result
+
+
+def crossover_map(crossovers: list) -> dict:
+    """{profile: {host: concurrency or None}}: the nested form the action returns."""
+    out: dict = {}
+    for cross in crossovers:
+        out.setdefault(cross.profile, {})[cross.host] = cross.concurrency
+    return out
+
+
+def best_profile_segments(host_rows: pd.DataFrame, baseline: str) -> list:
+    """Per measured level the profile with the highest usable output tok/s, grouped into runs."""
+    usable = host_rows[host_rows["usable"]]
+    segments: list = []
+    for c, at_level in usable.groupby("concurrency", sort=True):
+        # Highest output tok/s; an exact tie goes to the baseline (the simpler server to run).
+        ranked = at_level.assign(_is_base=at_level["profile"] == baseline)
+        best = ranked.sort_values(
+            ["output_tok_s", "_is_base"], ascending=False, kind="stable"
+        ).iloc[0]
+        base = at_level[at_level["profile"] == baseline]
+        speedup = (
+            float(best["output_tok_s"]) / float(base["output_tok_s"].iloc[0])
+            if not base.empty and best["profile"] != baseline
+            else None
+        )
+        if segments and segments[-1].profile == best["profile"]:
+            seg = segments[-1]
+            seg.levels.append(int(c))
+        else:
+            seg = Segment(str(best["profile"]), [int(c)])
+            segments.append(seg)
+        if speedup is not None:
+            seg.speedup_min = speedup if seg.speedup_min is None else min(seg.speedup_min, speedup)
+            seg.speedup_max = speedup if seg.speedup_max is None else max(seg.speedup_max, speedup)
+    return segments
+
+
+def _segment_phrase(seg: Segment, baseline: str, last: bool, only: bool) -> str:
+    if only:
+        where = f"at every usable level ({level_ranges(seg.levels)})"
+    elif last and len(seg.levels) > 1:
+        where = f"from C={seg.levels[0]} to C={seg.levels[-1]} (the highest level measured)"
+    elif last:
+        where = f"from C={seg.levels[0]} up"
+    else:
+        where = f"at {level_ranges(seg.levels)}"
+    phrase = f"{seg.profile} {where}"
+    if seg.speedup_min is not None:
+        lo, hi = seg.speedup_min, seg.speedup_max
+        gain = f"{lo:.2f}x" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}x"
+        phrase += f" with {gain} {baseline}'s output tok/s"
+    return phrase
+
+
+def _serve_phrase(segments: list, baseline: str, crossed: list) -> str:
+    """'serve eagle3 at C=1-2 (...), then baseline from C=5 up (...)' for one host."""
+    if not segments:
+        return "no level is usable, so there is nothing to recommend"
+    phrases = [
+        _segment_phrase(s, baseline, i == len(segments) - 1, len(segments) == 1)
+        for i, s in enumerate(segments)
+    ]
+    text = "serve " + ", then ".join(phrases)
+    if crossed:
+        text += "; " + "; ".join(
+            f"{c.profile} falls below {c.baseline} between C={c.bracket[0]} and "
+            f"C={c.bracket[1]} (est. C~{fmt_c(round(c.estimate, 1))})"
+            for c in crossed
+        )
+    if len({s.profile for s in segments}) < len(segments):
+        text += "; the lead changes back and forth, so check the confidence intervals"
+    return text
+
+
+def recommend(levels: pd.DataFrame, baseline: str, crossovers: list) -> tuple[list, str]:
+    """Which profile to serve at which concurrency, per host, and one paragraph saying so."""
+    per_host = []
+    profiles = profiles_in(levels, baseline)
+    for host, host_rows in levels.groupby("host", sort=True):
+        segments = best_profile_segments(host_rows, baseline)
+        crossed = [c for c in crossovers if c.host == host and c.status == "crossed"]
+        per_host.append(
+            HostRecommendation(str(host), segments, _serve_phrase(segments, baseline, crossed))
+        )
+
+    if len(per_host) > 1 and len({r.text for r in per_host}) == 1:
+        # Identical conclusions on every host: say it once instead of repeating it per host.
+        sentences = [f"on every host ({', '.join(r.host for r in per_host)}) {per_host[0].text}"]
+    else:
+        sentences = [f"on {r.host} {r.text}" for r in per_host]
+    if len(profiles) == 1:
+        return per_host, (
+            f"Only one profile ({profiles[0]}) was measured, so there is no speedup "
+            f"or crossover to report: {'; '.join(sentences)}."
+        )
+    if baseline not in profiles:
+        lead = (
+            f"No results for the baseline profile `{baseline}` (profiles: {', '.join(profiles)}), "
+            "so no speedup or crossover; by output tok/s alone, "
+        )
+    else:
+        lead = "By output tok/s, "
+    paragraph = lead + "; ".join(sentences) + "."
+    if any(c.status == "crossed" for c in crossovers):
+        paragraph += (
+            " SGLang cannot switch speculation off above a concurrency, so pick the "
+            "profile for the concurrency you expect to serve, or run both and route by "
+            "load."
+        )
+    if not levels["usable"].all():
+        paragraph += " Levels marked failed, client-limited or error-heavy were left out."
+    paragraph += " Check TTFT and TPOT in the table against your latency targets as well."
+    return per_host, paragraph
+
+
+def compare_runs(levels: pd.DataFrame, earlier: pd.DataFrame) -> tuple[list, str]:
+    """Per (host, profile, concurrency) the change against an earlier run.
+
+    Matched by host name; when neither run shares a host name but each has exactly one host (a
+    laptop run against a field run), the single hosts are matched and the note says so.
+    """
+    host_map = {h: h for h in set(levels["host"]) & set(earlier["host"])}
+    note = ""
+    if not host_map and levels["host"].nunique() == 1 and earlier["host"].nunique() == 1:
+        now_host, then_host = levels["host"].iloc[0], earlier["host"].iloc[0]
+        host_map = {now_host: then_host}
+        note = f"hosts differ: {now_host} compared with {then_host} of the earlier run"
+    elif not host_map:
+        note = "the runs share no host, so nothing is compared"
+    before = earlier.set_index(["host", "profile", "concurrency"])
+    points = []
+    for _, row in levels.iterrows():
+        then_host = host_map.get(row["host"])
+        key = (then_host, row["profile"], int(row["concurrency"]))
+        if then_host is None or key not in before.index:
+            continue
+        old = before.loc[key]
+        now_v, old_v = _num(row["output_tok_s"]), _num(old["output_tok_s"])
+        delta = now_v - old_v if now_v is not None and old_v is not None else None
+        pct = 100.0 * delta / old_v if delta is not None and old_v else None
+        points.append(ComparePoint(
+            host=row["host"], profile=row["profile"], concurrency=int(row["concurrency"]),
+            output_tok_s=now_v, earlier_output_tok_s=old_v, delta_tok_s=delta, delta_pct=pct,
+            ttft_p50_ms=_num(row["ttft_p50_ms"]), earlier_ttft_p50_ms=_num(old["ttft_p50_ms"]),
+            tpot_p50_ms=_num(row["tpot_p50_ms"]), earlier_tpot_p50_ms=_num(old["tpot_p50_ms"]),
+            earlier_host=then_host))
+    if host_map and not points:
+        note = (note + "; " if note else "") + "no (profile, concurrency) pair is in both runs"
+    return points, note

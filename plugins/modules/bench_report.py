@@ -1,0 +1,144 @@
+# -*- coding: utf-8 -*-
+# Documentation only: bench_report is an action plugin (plugins/action/bench_report.py) that runs
+# on the controller; this file lets `ansible-doc` and ansible-lint find its documentation, as
+# ansible-core does for its own action-only plugins.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: bench_report
+short_description: Report one servelab benchmark run side by side (tables, plots, crossover)
+description:
+  - Runs on the controller (action plugin). Reads C(levels.csv) of one run, and
+    C(manifest.json) and C(requests.jsonl) when present, with pandas.
+  - Writes C(summary.md) (the side-by-side table per concurrency level, speedup against the
+    baseline, the crossover concurrency, a recommendation), C(report.html) (self-contained, with
+    inline CSS and the plots embedded as base64 PNG, no network) and C(plots/throughput.png),
+    C(plots/latency.png), C(plots/speedup.png), C(plots/comparison.png) (with O(compare_to)).
+  - The crossover of a profile on a host is the first measured level at which its output tok/s
+    falls below the baseline's after having been above it at a lower level. Levels where either
+    profile failed, hit more errors than O(max_error_rate), or was C(client_limited) are marked in
+    the tables and left out of the speedup conclusions, the crossover and the recommendation.
+  - A run cut short (missing levels) is reported with what it has, missing levels marked. With a
+    single profile, or without the baseline, the report says there is no speedup.
+  - The simulator's C(time_scale) recorded in the manifest (C(profiles.<profile>.<host>.time_scale))
+    is stated in the summary and the report.
+  - Files are written atomically and only when their bytes change, so C(changed) means the report
+    changed.
+version_added: "0.1.0"
+author: servelab
+options:
+  results_dir:
+    description:
+      - The run's directory, C(results/<run_id>) (or C(results/latest)). Relative paths are taken
+        from the playbook's directory.
+    type: path
+    required: true
+  baseline:
+    description: Profile every other profile is compared with.
+    type: str
+    default: baseline
+  compare_to:
+    description:
+      - An earlier run's directory; the report adds the per-level change of output tok/s, TTFT and
+        TPOT against it (matched by host, profile and concurrency; two single-host runs with
+        different host names are matched anyway, and the report says so).
+    type: path
+  plots:
+    description: Draw the PNG plots (matplotlib, Agg). Without them the HTML has tables only.
+    type: bool
+    default: true
+  max_error_rate:
+    description:
+      - Fraction of errored requests above which a level is excluded from the conclusions (it
+        stays in the tables, marked).
+    type: float
+    default: 0.1
+attributes:
+  check_mode:
+    support: full
+    description: Computes everything and reports which files would change; writes nothing.
+  action:
+    support: full
+notes:
+  - Needs pandas and matplotlib on the controller (requirements.txt).
+"""
+
+EXAMPLES = r"""
+- name: "servelab: report"
+  bench_report:
+    results_dir: "{{ playbook_dir }}/results/{{ bench_run_id }}"
+    baseline: baseline
+  register: report
+
+- name: Compare with an earlier run
+  bench_report:
+    results_dir: results/latest
+    compare_to: results/20250101T000000Z-1234
+"""
+
+RETURN = r"""
+table:
+  description: The side-by-side level table (Markdown), the same as in summary.md.
+  returned: success
+  type: str
+crossover:
+  description:
+    - "C({profile: {host: concurrency or null}}) for every profile but the baseline: the first
+      measured level at which it falls below the baseline; null when it never crosses (it never
+      won, never lost, or there is no baseline on that host)."
+  returned: success
+  type: dict
+  sample: {"eagle3": {"ct129": 5}}
+crossover_details:
+  description:
+    - One entry per (host, profile) with C(status) (crossed, never_won, always_wins, no_baseline,
+      no_common_levels), C(concurrency), C(bracket) ([last level at or above, first level
+      below]), C(estimate) (linear interpolation of the tok/s difference between the bracket's
+      levels), C(won_at), C(lost_at), C(excluded) levels and C(text).
+  returned: success
+  type: list
+  elements: dict
+speedup:
+  description:
+    - One entry per (host, profile, concurrency) of every profile but the baseline, with
+      C(speedup) (output tok/s over the baseline's, null without a baseline level),
+      C(profile_tok_s), C(baseline_tok_s), C(within_ci) (difference inside both 95% CIs),
+      C(usable) (both levels usable) and C(note).
+  returned: success
+  type: list
+  elements: dict
+recommendation:
+  description: One paragraph, which profile to serve at which concurrency, per host.
+  returned: success
+  type: str
+time_scale:
+  description: The sentence on the simulator's time scale stated in the report.
+  returned: success
+  type: str
+comparison:
+  description: Per-level changes against O(compare_to) (empty without it).
+  returned: success
+  type: list
+  elements: dict
+notes:
+  description: Sentences such as "only one profile, no speedup".
+  returned: success
+  type: list
+  elements: str
+files:
+  description: Absolute paths of summary.md, report.html and the plots.
+  returned: success
+  type: list
+  elements: str
+changed_files:
+  description:
+    - Files (relative to O(results_dir)) written or removed, or that would be in check mode.
+  returned: success
+  type: list
+  elements: str
+msg:
+  description: The crossover lines and the recommendation, for display.
+  returned: always
+  type: str
+"""
