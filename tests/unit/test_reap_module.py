@@ -1,0 +1,155 @@
+"""gpu_reap run by ansible-playbook against localhost: check mode, changed, unchanged, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_reap_helpers import (  # noqa: E402
+    Spawner, alive, assert_doc_matches_spec, repo_root, run_playbook, task_results,
+    task_results_for,
+)
+
+
+@pytest.fixture
+def sp(tmp_path):
+    spawner = Spawner(tmp_path)
+    try:
+        yield spawner
+    finally:
+        spawner.cleanup()
+
+
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  vars:
+    reap_args: &reap
+      device_glob: "{glob}"
+      compute_device_glob: "{uvm}"
+      patterns: ["{token}-detok"]
+      grace: 5
+      gpu_backend: none
+  tasks:
+    - name: plan
+      gpu_reap: *reap
+      check_mode: true
+      diff: true
+      register: plan
+    - name: reap
+      gpu_reap: *reap
+      diff: true
+    - name: again
+      gpu_reap: *reap
+    - name: bad regex
+      gpu_reap:
+        patterns: ["("]
+        device_glob: "{glob}"
+      ignore_errors: true
+    - name: bad baseline
+      gpu_reap:
+        device_glob: "{glob}"
+        patterns: []
+        memory_baseline_mib: plenty
+      ignore_errors: true
+"""
+
+
+def test_gpu_reap_through_ansible(sp, tmp_path):
+    worker = sp.start("worker", "--hold", sp.dev("nvidia0"), "--map-only", sp.dev("nvidia-uvm"))
+    detok = sp.start("detok")
+    decoy = sp.start("decoy")
+    monitor = sp.start("monitor", "--hold", sp.dev("nvidiactl"),      # NVML-like: files open,
+                       "--hold", sp.dev("nvidia-uvm"))                # nothing mapped
+    out = run_playbook(PLAY.format(glob=sp.device_glob, uvm=sp.compute_glob, token=sp.token),
+                       tmp_path)
+    res = task_results(out)
+
+    plan = res["plan"]
+    assert plan["changed"] is False and plan["killed"] == []
+    assert {p["pid"] for p in plan["would_kill"]} == {worker["pid"], detok["pid"]}
+    assert "%d " % worker["pid"] in plan["diff"]["before"]
+
+    reap = res["reap"]
+    assert reap["changed"] is True, reap
+    killed = {p["pid"]: p for p in reap["killed"]}
+    assert set(killed) == {worker["pid"], detok["pid"]}
+    assert killed[worker["pid"]]["found_by"] == "device_fd"
+    assert killed[detok["pid"]]["found_by"] == "pattern"
+    assert killed[detok["pid"]]["signal"] == "SIGTERM"
+    assert reap["diff"]["after"] == ""
+    assert not alive(worker["pid"]) and not alive(detok["pid"])
+    assert alive(decoy["pid"]), "the decoy was killed"
+    assert alive(monitor["pid"]), "a device holder without CUDA context was killed"
+
+    again = res["again"]
+    assert again["changed"] is False and again["killed"] == [] and "failed" not in again
+
+    assert res["bad regex"]["failed"] is True
+    assert "patterns: '(' is not a valid regular expression" in res["bad regex"]["msg"]
+    assert res["bad baseline"]["failed"] is True
+    assert "memory_baseline_mib:" in res["bad baseline"]["msg"]
+
+    stats = out["stats"]["localhost"]
+    assert stats["changed"] == 1 and stats["failures"] == 0 and stats["ignored"] == 2
+
+
+INVENTORY = """
+all:
+  children:
+    gpu_servers:
+      hosts:
+        ct129:
+          ansible_connection: local
+          ansible_python_interpreter: {python}
+          proxmox_vmid: 129
+          proxmox_host: pve1
+    proxmox_hosts:
+      hosts:
+        pve1:
+          ansible_connection: local
+          ansible_python_interpreter: {python}
+"""
+
+
+def test_proxmox_host_example_play(sp, tmp_path):
+    """playbooks/reap-from-proxmox-host.yml with both hosts played by localhost and container
+    129's cgroup standing in as a directory listing one process: only that one is reaped, and
+    it is reported with its pid inside the container."""
+    inside = sp.start("inside", "--hold", sp.dev("nvidia0"))
+    outside = sp.start("outside", "--hold", sp.dev("nvidia0"))
+    cg = tmp_path / "cg" / "lxc" / "129" / "ns"
+    cg.mkdir(parents=True)
+    (cg / "cgroup.procs").write_text("%d\n" % inside["pid"])
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(INVENTORY.format(python=sys.executable))
+    extra = json.dumps({"reap_patterns": [sp.token], "reap_gpu_backend": "none",
+                        "reap_container_cgroup_globs": [str(tmp_path / "cg" / "lxc" / "{vmid}")]})
+    root = repo_root()
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(root, "ansible.cfg"),
+               ANSIBLE_STDOUT_CALLBACK="json",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(inv),
+           "-e", extra, os.path.join(root, "playbooks", "reap-from-proxmox-host.yml")]
+    for check in (True, False):
+        proc = subprocess.run(cmd + (["--check"] if check else []), cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=300)
+        out = json.loads(proc.stdout[proc.stdout.index("{"):])
+        res = task_results_for(out, "ct129")
+        reap = res["Reap from the host"]
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
+        listed = reap["would_kill"] if check else reap["killed"]
+        assert [(k["pid"], k["container_pid"]) for k in listed] == [(inside["pid"], inside["pid"])]
+        report = res["Report what was killed (host PID / container PID) and the memory"]
+        assert report["msg"]["killed"] == ["%d/%d" % (inside["pid"], inside["pid"])]
+        assert alive(inside["pid"]) is check
+        assert alive(outside["pid"]), "a process outside the container's cgroup was killed"
+
+
+def test_gpu_reap_documentation_matches_its_argument_spec():
+    assert_doc_matches_spec("gpu_reap")
