@@ -1,0 +1,151 @@
+"""bench.yml end to end on the embedded default, through ansible-runner.
+
+Real processes (the simulator server started by llm_server), real HTTP (llm_bench), real files
+(results/<run_id>/ on the controller). The crossover the report finds is held against the one the
+simulator's own model predicts for the same settings.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import statistics
+
+import ansible_runner
+import pytest
+
+from ansible.module_utils.servelab import results, simulator
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+
+pytestmark = pytest.mark.slow
+
+LEVELS = [1, 2, 5, 10]
+TIME_SCALE = 40
+OUTPUT_TOKENS = 256
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_bench(tmp_path, extravars):
+    env = {
+        "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
+        "SERVELAB_RESULTS_ROOT": str(tmp_path / "results"),
+    }
+    (tmp_path / "runner").mkdir(exist_ok=True)
+    r = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"),
+        project_dir=REPO,
+        playbook=os.path.join(REPO, "bench.yml"),
+        inventory=os.path.join(REPO, "inventory", "local"),
+        extravars=extravars,
+        envvars=env,
+        quiet=True,
+        timeout=900,
+    )
+    return r
+
+
+def _report_result(r):
+    for ev in r.events:
+        data = ev.get("event_data", {})
+        if ev.get("event") == "runner_on_ok" and data.get("task") == "servelab: report":
+            return data["res"]
+    raise AssertionError("the report task did not run: " + r.stdout.read()[-3000:])
+
+
+def _profiles(extra=None):
+    profs = [
+        {"name": "baseline", "simulator": {"profile": "baseline", "time_scale": TIME_SCALE}},
+        {"name": "eagle3", "simulator": {"profile": "eagle3", "time_scale": TIME_SCALE}},
+    ]
+    return profs + (extra or [])
+
+
+def _base_vars(tmp_path, profiles):
+    return {
+        "bench_profiles": profiles,
+        "bench_concurrency": LEVELS,
+        "bench_level_seconds": 3,
+        "bench_warmup_requests": 1,
+        "bench_server_port": _free_port(),
+        "bench_state_dir": str(tmp_path / "servers"),
+        "bench_workload": {"kind": "synthetic", "input_tokens": 1400, "output_tokens": OUTPUT_TOKENS,
+                           "count": 32},
+        "bench_max_tokens": OUTPUT_TOKENS,
+    }
+
+
+def test_bench_playbook_end_to_end_and_crossover_matches_the_model(tmp_path):
+    r = _run_bench(tmp_path, _base_vars(tmp_path, _profiles()))
+    assert r.rc == 0, r.stdout.read()[-5000:]
+
+    root = tmp_path / "results"
+    latest = root / results.LATEST_LINK
+    assert latest.is_symlink()
+    run_dir = latest.resolve()
+    for name in (results.MANIFEST, results.REQUESTS, results.LEVELS, results.SUMMARY):
+        assert (run_dir / name).is_file(), name
+
+    with open(run_dir / results.LEVELS, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r_["profile"], int(r_["concurrency"])) for r_ in rows} == {
+        (p, c) for p in ("baseline", "eagle3") for c in LEVELS}
+    for col in results.LEVEL_COLUMNS:
+        assert col in rows[0], col
+    assert all(int(r_["errors"]) == 0 for r_ in rows)
+
+    with open(run_dir / results.REQUESTS) as fh:
+        reqs = [json.loads(line) for line in fh]
+    assert reqs and all(set(results.REQUEST_FIELDS) <= set(q) for q in reqs)
+    # Tokens come from the server: every request produced exactly what ignore_eos asked for.
+    assert {q["completion_tokens"] for q in reqs if not q["error"]} == {OUTPUT_TOKENS}
+
+    manifest = json.loads((run_dir / results.MANIFEST).read_text())
+    assert manifest["run_id"] == run_dir.name
+    for prof in ("baseline", "eagle3"):
+        rec = manifest["profiles"][prof]["localhost"]
+        assert rec["status"] == "finished"
+        assert "--profile" in rec["cmdline"] and prof in rec["cmdline"]
+    assert "gpu_facts" in manifest["hosts"]["localhost"]
+
+    # The crossover the report found must be the one the simulator's model predicts for the
+    # same settings: same levels, the prompt length the server really counted, same time scale.
+    prompt_tokens = round(statistics.mean(q["prompt_tokens"] for q in reqs if not q["error"]))
+    predicted = simulator.predict_crossover("baseline", "eagle3", LEVELS, prompt_tokens,
+                                            OUTPUT_TOKENS, time_scale=TIME_SCALE)
+    assert predicted is not None, "the model predicts no crossover for these settings"
+    report = _report_result(r)
+    assert report["crossover"]["eagle3"]["localhost"] == predicted
+    assert "crossover" in (run_dir / results.SUMMARY).read_text().lower()
+
+
+def test_a_dying_server_is_recorded_and_the_other_profiles_still_report(tmp_path):
+    profiles = [
+        {"name": "baseline", "simulator": {"profile": "baseline", "time_scale": TIME_SCALE}},
+        # dies after a handful of requests: mid-sweep
+        {"name": "eagle3", "simulator": {"profile": "eagle3", "time_scale": TIME_SCALE,
+                                         "die_after": 6}},
+    ]
+    extravars = _base_vars(tmp_path, profiles)
+    extravars["bench_concurrency"] = [1, 2]
+    r = _run_bench(tmp_path, extravars)
+    assert r.rc == 0, r.stdout.read()[-5000:]
+    run_dir = (tmp_path / "results" / results.LATEST_LINK).resolve()
+    manifest = json.loads((run_dir / results.MANIFEST).read_text())
+    failed = manifest["profiles"]["eagle3"]["localhost"]
+    assert failed["status"] == "failed"
+    assert failed["error"]
+    assert manifest["profiles"]["baseline"]["localhost"]["status"] == "finished"
+    with open(run_dir / results.LEVELS, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {int(r_["concurrency"]) for r_ in rows if r_["profile"] == "baseline"} == {1, 2}
+    # The run still ends with a report.
+    assert (run_dir / results.SUMMARY).is_file()
