@@ -1,0 +1,211 @@
+# -*- coding: utf-8 -*-
+"""llm_bench (action, controller): run the sweep level by level through the llm_bench module.
+
+For each level it calls the module on the task's host (the bench client, usually through
+`delegate_to`), prints a progress line, writes the level's part files under the controller's
+results/<run_id>/parts/ atomically and rebuilds levels.csv and requests.jsonl under the run's
+lock. A finished level is never lost: not to Ctrl-C, not to a server that dies mid-sweep. A level
+whose requests all failed is recorded (with its errors) and ends the sweep for this profile: the
+task fails with the reason. The documentation is plugins/modules/llm_bench.py.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import ansible.module_utils
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+
+def _add_servelab_module_utils() -> None:
+    """Make `ansible.module_utils.servelab` importable in the controller process (an action
+    plugin runs in the controller's Python, where ansible.cfg's module_utils is not on the path)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    module_utils = os.path.join(os.path.dirname(here), "module_utils")
+    if module_utils not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(module_utils)
+
+
+_add_servelab_module_utils()
+
+from ansible.module_utils.servelab.loadgen_options import (  # noqa: E402
+    ACTION_ONLY_OPTIONS, BenchOptionsError, level_configs, level_failure,
+)
+from ansible.module_utils.servelab.loadgen_results import (  # noqa: E402
+    rebuild_run_files, write_level_files,
+)
+from ansible.module_utils.servelab.manifest import ManifestError, run_lock  # noqa: E402
+from ansible.module_utils.servelab.results import PARTS_DIR  # noqa: E402
+
+display = Display()
+
+
+def _fmt(value, spec="%.1f"):
+    return "-" if value is None else spec % value
+
+
+def progress_line(row: dict) -> str:
+    """One line per finished level, the figures an operator watches."""
+    level = ("rate=%g/s" % row["request_rate"]) if row.get("load_mode") == "rate" else (
+        "C=%d" % row["concurrency"])
+    ci = row.get("output_tok_s_ci95")
+    parts = [
+        "%s/%s %s:" % (row["host"], row["profile"], level),
+        "%s tok/s%s" % (_fmt(row.get("output_tok_s")), (" +-%s" % _fmt(ci)) if ci else ""),
+        "TTFT p50 %s ms" % _fmt(row.get("ttft_p50_ms")),
+        "TPOT p50 %s ms" % _fmt(row.get("tpot_p50_ms"), "%.2f"),
+        "%d req in %.1f s window" % (row.get("requests") or 0, row.get("window_s") or 0.0),
+    ]
+    if row.get("errors"):
+        parts.append("%d errors" % row["errors"])
+    if row.get("client_limited"):
+        parts.append("CLIENT-LIMITED")
+    if not row.get("window_complete", True):
+        parts.append("window incomplete (%s)" % row.get("stop_reason"))
+    return " ".join(parts)
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def _results_dir(self, args: dict, task_vars: dict) -> str:
+        root = args.get("results_root")
+        base = task_vars.get("playbook_dir") or self._loader.get_basedir()
+        if not root:
+            root = os.path.join(base, "results")
+        elif not os.path.isabs(os.path.expanduser(root)):
+            root = os.path.join(base, root)
+        return os.path.normpath(os.path.join(os.path.expanduser(root), args["run_id"]))
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        if not args.get("run_id"):
+            args["run_id"] = time.strftime("%Y%m%dT%H%M%S")
+        if "/" in str(args["run_id"]) or str(args["run_id"]).startswith("."):
+            raise AnsibleActionFail("llm_bench: run_id %r must be a plain directory name (no '/', "
+                                    "not starting with '.')" % args["run_id"])
+        stop_on_failure = args.get("stop_on_failure", True) not in (False, "false", "no")
+        args.setdefault("host_label", task_vars.get("inventory_hostname", "localhost"))
+        module_args = {k: v for k, v in args.items() if k not in ACTION_ONLY_OPTIONS}
+        if isinstance(module_args.get("concurrency"), int):
+            module_args["concurrency"] = [module_args["concurrency"]]
+        # Check every option here, before the first level sends anything.
+        try:
+            check_params = dict(module_args)
+            check_params.setdefault("base_url", "")
+            configs, workload = level_configs(_coerce(check_params))
+        except BenchOptionsError as exc:
+            raise AnsibleActionFail("llm_bench: %s" % exc)
+        except (TypeError, ValueError) as exc:
+            raise AnsibleActionFail("llm_bench: bad option: %s" % exc)
+        run_dir = self._results_dir(args, task_vars)
+        parts_dir = os.path.join(run_dir, PARTS_DIR)
+        if self._task.check_mode:
+            module_args["concurrency"] = module_args["concurrency"][:1]
+            checked = self._execute_module(module_name="llm_bench", module_args=module_args,
+                                           task_vars=task_vars)
+            result.update(checked)
+            result.update(changed=False, levels=[], results_dir=run_dir)
+            return result
+
+        levels, warnings = [], []
+        rate_mode = module_args.get("load_mode") == "rate"
+        steps = ([{"request_rate": [cfg.request_rate]} for cfg in configs] if rate_mode
+                 else [{"concurrency": [cfg.concurrency]} for cfg in configs])
+        result.update(changed=False, levels=levels, results_dir=run_dir, warnings_text=warnings)
+        for step in steps:
+            level_args = dict(module_args, **step)
+            label = ("rate=%g/s" % step["request_rate"][0]) if rate_mode else (
+                "C=%d" % step["concurrency"][0])
+            display.display("llm_bench %s/%s %s: running (window %ss) on %s" % (
+                args["host_label"], args.get("profile", "default"), label,
+                args.get("level_seconds", 30), task_vars.get("inventory_hostname")))
+            res = self._execute_module(module_name="llm_bench", module_args=level_args,
+                                       task_vars=task_vars)
+            rows = res.get("levels") or []
+            for row in rows:
+                self._record_level(run_dir, parts_dir, row, res.get("requests") or [],
+                                   res.get("warnings_text") or [])
+                levels.append(row)
+                result["changed"] = True
+                display.display("llm_bench " + progress_line(row))
+            for note in res.get("warnings_text") or []:
+                warnings.append(note)
+                display.warning("llm_bench: %s" % note)
+            failure = None
+            if res.get("failed"):
+                failure = res.get("msg") or "module failed"
+                stderr = (res.get("module_stderr") or "").strip()
+                if stderr:
+                    failure += " (module stderr: %s)" % stderr[-800:]
+            elif rows:
+                failure = level_failure(rows[-1])
+                if failure:
+                    failure = "%s: %s" % (label, failure)
+            if failure:
+                msg = ("llm_bench %s/%s: %s. The sweep for this profile stopped; %d finished "
+                       "level(s) are in %s" % (args["host_label"], args.get("profile", "default"),
+                                               failure, len(levels), run_dir))
+                if stop_on_failure or res.get("failed"):
+                    result.update(failed=True, msg=msg)
+                    return result
+                warnings.append(msg)
+        result["msg"] = "%d level(s) written to %s" % (len(levels), run_dir)
+        return result
+
+    def _record_level(self, run_dir, parts_dir, row, requests, notes):
+        """Part files first (atomic), then levels.csv/requests.jsonl under the run's lock."""
+        os.makedirs(parts_dir, exist_ok=True)
+        write_level_files(parts_dir, row, requests, notes)
+        try:
+            with run_lock(run_dir):
+                rebuild_run_files(run_dir)
+        except ManifestError as exc:
+            raise AnsibleActionFail("llm_bench: level written to %s but levels.csv not rebuilt: "
+                                    "%s" % (parts_dir, exc))
+
+
+def _coerce(params: dict) -> dict:
+    """Templated task args arrive as strings where the module would convert them; mirror the
+    module's argument_spec conversions the controller-side check needs."""
+    out = dict(params)
+
+    def to_list(value, kind):
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        try:
+            return [kind(v) for v in value]
+        except (TypeError, ValueError):
+            raise BenchOptionsError("expected a list of numbers, got %r" % (value,))
+
+    try:
+        out["concurrency"] = to_list(out.get("concurrency"), int)
+    except BenchOptionsError as exc:
+        raise BenchOptionsError("concurrency: %s" % exc)
+    if out.get("request_rate") is not None:
+        try:
+            out["request_rate"] = to_list(out.get("request_rate"), float)
+        except BenchOptionsError as exc:
+            raise BenchOptionsError("request_rate: %s" % exc)
+    for key, kind in (("max_tokens", int), ("level_seconds", float), ("warmup_requests", int),
+                      ("min_window_requests", int), ("max_requests", int),
+                      ("level_timeout", float), ("stall_timeout", float), ("ci_batches", int),
+                      ("target_ci_pct", float), ("processes", int), ("seed", int),
+                      ("ramp_seconds", float), ("socket_rcvbuf", int)):
+        if out.get(key) not in (None, ""):
+            try:
+                out[key] = kind(out[key])
+            except (TypeError, ValueError):
+                raise BenchOptionsError("%s: expected a number, got %r" % (key, out[key]))
+        elif key in out:
+            out[key] = None
+    return out

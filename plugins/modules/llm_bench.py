@@ -1,0 +1,326 @@
+# -*- coding: utf-8 -*-
+"""llm_bench: run load levels against an LLM server from the bench client and measure them.
+
+Thin module: the logic is plugins/module_utils/servelab/loadgen*.py, metrics*.py, workloads.py.
+The action plugin of the same name (plugins/action/llm_bench.py) loops over the levels on the
+controller and writes the results; this module runs on the bench client.
+"""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llm_bench
+short_description: Load-test an LLM server level by level and measure it honestly
+description:
+  - Runs a closed-loop (constant concurrency) or open-loop (request rate) load level against an
+    OpenAI-compatible or SGLang server, streaming every answer, and measures TTFT, TPOT, ITL, E2E,
+    output and total tok/s, request/s and goodput over a steady-state window (warmup, ramp and
+    drain excluded), with a 95% confidence interval, the client's own CPU and event-loop lag, and
+    the server's C(/metrics) over the window.
+  - "The action plugin of the same name runs on the controller: it calls this module once per
+    level (on the task's host, normally the bench client via C(delegate_to)), prints progress,
+    and writes each finished level to C(results/<run_id>/parts/) on the controller, then rebuilds
+    C(levels.csv) and C(requests.jsonl) under the run's lock. A level whose requests all failed
+    stops the sweep for that profile (the task fails with the reason); finished levels are kept."
+  - The load generator uses the Python standard library only (bare bench clients work).
+  - "Definitions (each defined once, in module_utils/servelab/metrics.py): TTFT = send to first
+    chunk with generated tokens; TPOT = (last - first) / (completion_tokens - 1); ITL per token,
+    a chunk of k tokens giving k samples of gap/k (labelled C(itl_basis=chunk) when the server does
+    not report per-chunk counts); tokens as reported by the server, never the requested maximum."
+version_added: "0.1.0"
+author: servelab
+options:
+  base_url:
+    description: Server root, e.g. C(http://10.0.0.5:30000) (a trailing C(/v1) is accepted).
+    type: str
+    required: true
+  model:
+    description: Model name sent in requests (OpenAI APIs; see C(GET /v1/models)).
+    type: str
+    default: ""
+  api:
+    description:
+      - C(openai_chat) (C(/v1/chat/completions)), C(openai_completions) (C(/v1/completions)) or
+        C(sglang_generate) (SGLang's native C(/generate), per-chunk token counts from
+        C(meta_info)).
+      - The OpenAI APIs ask for C(stream_options.continuous_usage_stats) (SGLang, vLLM), which
+        gives per-chunk token counts; servers that ignore it get inter-chunk ITL, labelled.
+    type: str
+    choices: [openai_chat, openai_completions, sglang_generate]
+    default: openai_chat
+  api_key:
+    description: Bearer token, if the server wants one.
+    type: str
+  host_label:
+    description: Host name recorded in every row (the action plugin sets the task's host).
+    type: str
+    default: localhost
+  profile:
+    description: Serving profile name recorded in every row.
+    type: str
+    default: default
+  concurrency:
+    description:
+      - Closed loop (O(load_mode=concurrency)) the levels to run, each a number of workers.
+      - Open loop (O(load_mode=rate)) the cap on requests in flight (first element).
+      - The action plugin calls the module with one level at a time.
+    type: list
+    elements: int
+    required: true
+  load_mode:
+    description: C(concurrency) (closed loop) or C(rate) (open loop, O(request_rate)).
+    type: str
+    choices: [concurrency, rate]
+    default: concurrency
+  request_rate:
+    description: Open loop only, the levels to run in requests per second.
+    type: list
+    elements: float
+  arrival:
+    description: Open loop arrivals, C(poisson) or C(constant).
+    type: str
+    choices: [poisson, constant]
+    default: poisson
+  workload:
+    description:
+      - "C({kind: builtin}) (20 coding/agentic prompts), C({kind: synthetic, input_tokens: 512,
+        output_tokens: 256, count: 64, spread: 0, seed: 1}) (with ignore_eos) or
+        C({kind: jsonl, path: /file/on/the/client.jsonl, limit: N}) (lines C({\"prompt\": ...})
+        or C({\"messages\": [...]}), optional C(max_tokens)). C(type) is accepted for C(kind)."
+    type: dict
+    default: {kind: builtin}
+  max_tokens:
+    description: Output token limit per request (a prompt's own C(max_tokens) wins).
+    type: int
+    default: 256
+  ignore_eos:
+    description: Ask the server to ignore end-of-sequence (fixed output lengths).
+    type: bool
+    default: false
+  extra_body:
+    description: "Extra JSON fields merged into every request body (e.g. C({temperature: 0}))."
+    type: dict
+    default: {}
+  level_seconds:
+    description: Target length of each level's measurement window, in seconds.
+    type: float
+    default: 30
+  warmup_requests:
+    description:
+      - Requests each worker completes before the window opens (closed loop), so the synchronized
+        start and cold caches are excluded. Open loop, the total is this times the cap.
+    type: int
+    default: 1
+  min_window_requests:
+    description: Requests that must be sent inside the window before it may close (default C).
+    type: int
+  max_requests:
+    description: Close the window once this many requests were sent in it.
+    type: int
+  level_timeout:
+    description:
+      - Hard bound on one level (warmup + window + tail) in seconds. When half of it has passed the
+        window closes regardless (flagged C(window_complete=false)).
+    type: float
+    default: 600
+  stall_timeout:
+    description: A request that receives nothing for this many seconds fails as stalled.
+    type: float
+    default: 120
+  slo:
+    description: SLOs in ms for goodput, any of C(ttft_ms), C(tpot_ms), C(e2e_ms).
+    type: dict
+    default: {}
+  ci_batches:
+    description: Batches the window is cut into for the 95% confidence interval (batch means).
+    type: int
+    default: 10
+  target_ci_pct:
+    description:
+      - Adaptive precision; keep the window open until the 95% CI half-width of output tok/s is
+        below this percentage of the mean (bounded by O(level_timeout)).
+    type: float
+  processes:
+    description:
+      - Client processes (forked, each with its own event loop and a share of the workers). C(0)
+        picks one per 128 workers, at most one per CPU.
+    type: int
+    default: 1
+  ramp_seconds:
+    description:
+      - Closed loop, the worker starts are spread over this many seconds (workers that start
+        together stay in lockstep when requests take equal time, and their sends then hit the
+        server in bursts). Covered by the warmup.
+    type: float
+    default: 0.5
+  socket_rcvbuf:
+    description:
+      - Receive buffer of each connection in bytes (C(0) = the OS default). A bounded buffer keeps
+        a flood of chunks waiting in the server rather than in megabytes of kernel buffer between
+        the server's write and the client's timestamp.
+    type: int
+    default: 65536
+  seed:
+    description: Seed for prompt order and Poisson arrivals.
+    type: int
+    default: 1
+  per_chunk_usage:
+    description: Ask OpenAI servers for usage on every chunk (C(continuous_usage_stats)).
+    type: bool
+    default: true
+  server_metrics:
+    description: Sample the server's C(/metrics) through the level and report window figures.
+    type: bool
+    default: true
+  results_dir:
+    description:
+      - Optional directory on the bench client where each level is also written
+        (C(<host>__<profile>__c<C>.json) and C(.jsonl)).
+    type: path
+  return_requests:
+    description: Return the per-request records (the action plugin needs them).
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+    description: Validates every option and builds the workload; sends no load.
+notes:
+  - "Options of the action plugin only: C(run_id), C(results_root) (controller path, default
+    C(<playbook_dir>/results)), C(stop_on_failure) (default true)."
+  - "The window: it opens when every worker has finished O(warmup_requests) requests, lasts
+    O(level_seconds) and at least O(min_window_requests) sends; the load stays on until every
+    request sent in the window has finished (so all ran under full load); the tail requests still
+    running are then cancelled and recorded as C(cancelled:)."
+"""
+
+EXAMPLES = r"""
+- name: Sweep concurrency against the server (progress per level, results on the controller)
+  llm_bench:
+    base_url: "http://{{ bench_target_host }}:30000"
+    model: "{{ bench_server.model }}"
+    api: openai_chat
+    profile: eagle3
+    concurrency: [1, 2, 5, 10, 30, 70]
+    run_id: "{{ bench_run_id }}"
+    results_root: "{{ playbook_dir }}/results"
+    workload: {kind: builtin}
+    max_tokens: 512
+    level_seconds: 20
+    slo: {ttft_ms: 2000, tpot_ms: 100}
+  delegate_to: "{{ bench_client }}"
+
+- name: Open loop, Poisson arrivals at three rates, at most 256 in flight
+  llm_bench:
+    base_url: http://127.0.0.1:30000
+    model: qwen
+    load_mode: rate
+    request_rate: [2, 4, 8]
+    concurrency: [256]
+    workload: {kind: synthetic, input_tokens: 1024, output_tokens: 256}
+    run_id: rates-1
+"""
+
+RETURN = r"""
+levels:
+  description: One row per level; the columns of results.LEVEL_COLUMNS, then extra columns.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {host: gpu1, profile: eagle3, concurrency: 5, requests: 120, errors: 0, window_s: 20.1,
+       output_tok_s: 183.2, output_tok_s_ci95: 2.1, ttft_p50_ms: 61.0, tpot_p50_ms: 26.4,
+       itl_basis: token, tokens_source: server, client_limited: false,
+       server_metrics: {server_spec_accept_length_mean: 3.1}}
+requests:
+  description: Per-request records (results.REQUEST_FIELDS plus queue_ms), when return_requests.
+  returned: when return_requests
+  type: list
+  elements: dict
+warnings_text:
+  description: Per-level notes (incomplete window, client-limited level, no server metrics).
+  returned: always
+  type: list
+  elements: str
+results_dir:
+  description: Where the level files were written on the bench client (when results_dir).
+  returned: when results_dir
+  type: str
+"""
+
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.servelab.loadgen_options import (  # noqa: E402
+    BenchOptionsError, level_configs, run_levels,
+)
+from ansible.module_utils.servelab.loadgen_results import write_level_files  # noqa: E402
+
+ARGUMENT_SPEC = dict(
+    base_url=dict(type="str", required=True),
+    model=dict(type="str", default=""),
+    api=dict(type="str", default="openai_chat",
+             choices=["openai_chat", "openai_completions", "sglang_generate"]),
+    api_key=dict(type="str", no_log=True),
+    host_label=dict(type="str", default="localhost"),
+    profile=dict(type="str", default="default"),
+    concurrency=dict(type="list", elements="int", required=True),
+    load_mode=dict(type="str", default="concurrency", choices=["concurrency", "rate"]),
+    request_rate=dict(type="list", elements="float"),
+    arrival=dict(type="str", default="poisson", choices=["poisson", "constant"]),
+    workload=dict(type="dict", default={"kind": "builtin"}),
+    max_tokens=dict(type="int", default=256),
+    ignore_eos=dict(type="bool", default=False),
+    extra_body=dict(type="dict", default={}),
+    level_seconds=dict(type="float", default=30.0),
+    warmup_requests=dict(type="int", default=1),
+    min_window_requests=dict(type="int"),
+    max_requests=dict(type="int"),
+    level_timeout=dict(type="float", default=600.0),
+    stall_timeout=dict(type="float", default=120.0),
+    slo=dict(type="dict", default={}),
+    ci_batches=dict(type="int", default=10),
+    target_ci_pct=dict(type="float"),
+    processes=dict(type="int", default=1),
+    ramp_seconds=dict(type="float", default=0.5),
+    socket_rcvbuf=dict(type="int", default=65536),
+    seed=dict(type="int", default=1),
+    per_chunk_usage=dict(type="bool", default=True),
+    server_metrics=dict(type="bool", default=True),
+    results_dir=dict(type="path"),
+    return_requests=dict(type="bool", default=True),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = dict(module.params)
+    try:
+        configs, workload = level_configs(params)
+    except BenchOptionsError as exc:
+        module.fail_json(msg=str(exc))
+    if module.check_mode:
+        module.exit_json(changed=False, levels=[], requests=[], warnings_text=[],
+                         msg="check mode: %d level(s) validated, %s; no load sent"
+                             % (len(configs), workload.description))
+    try:
+        outcome = run_levels(configs, workload)
+    except BenchOptionsError as exc:
+        module.fail_json(msg=str(exc))
+    result = dict(changed=False, levels=outcome.levels, warnings_text=outcome.warnings)
+    if params["return_requests"]:
+        result["requests"] = outcome.requests
+    if params["results_dir"]:
+        directory = os.path.expanduser(params["results_dir"])
+        for level, requests in zip(outcome.levels, outcome.requests_by_level):
+            write_level_files(directory, level, requests)
+        result["results_dir"] = directory
+        result["changed"] = True
+    if outcome.failure:
+        # The failed level is in `levels` (with its errors); later levels were not run.
+        module.fail_json(msg="%s; later levels not run" % outcome.failure, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

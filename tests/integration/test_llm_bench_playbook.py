@@ -1,0 +1,197 @@
+"""llm_bench (action + module) through real ansible-playbook runs against a real streaming server.
+
+The server is the stdlib fake server of the unit tests (a subprocess ended by PID); the sweep's
+files land in a temporary results root. Covered: the happy path (progress lines, parts,
+levels.csv, requests.jsonl), a server that dies mid-sweep (finished levels kept, the sweep stops
+with a clear message), Ctrl-C mid-sweep (finished levels kept), check mode and bad options (nothing
+written).
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAKE = os.path.join(REPO, "tests", "unit", "test_loadgen_fakeserver.py")
+sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils", "servelab"))
+from results import LEVEL_COLUMNS  # noqa: E402  (the contract file is stdlib-only)
+
+ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+
+
+@contextlib.contextmanager
+def fake_server(*args):
+    proc = subprocess.Popen([sys.executable, FAKE, "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "fake server did not start"
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+        yield line.split()[-1]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def playbook(tmp_path, url, extra_args="", name="pb.yml"):
+    text = textwrap.dedent("""\
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: "servelab: sweep"
+              llm_bench:
+                base_url: "{url}"
+                model: m
+                profile: baseline
+                run_id: run1
+                results_root: "{root}"
+                max_tokens: 8
+                level_seconds: 0.5
+                level_timeout: 60
+                server_metrics: false
+        {extra}
+              register: sweep
+            - name: Show the levels
+              ansible.builtin.debug:
+                msg: "{{{{ sweep.levels | map(attribute='concurrency') | list }}}}"
+        """).format(url=url, root=tmp_path / "results",
+                    extra=textwrap.indent(textwrap.dedent(extra_args), " " * 8))
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def ansible_cmd(path, *extra):
+    return [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local",
+            "-e", "ansible_python_interpreter=%s" % sys.executable, str(path), *extra]
+
+
+def run_playbook(path, *extra, timeout=300):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    return subprocess.run(ansible_cmd(path, *extra), capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=str(path.parent))
+
+
+def read_levels(run_dir):
+    with open(run_dir / "levels.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_sweep_writes_parts_levels_and_requests(tmp_path):
+    with fake_server("--ttft-ms", "10", "--step-ms", "2") as url:
+        proc = run_playbook(playbook(tmp_path, url, """\
+            concurrency: [1, 3]
+            slo: {ttft_ms: 500}
+            workload: {kind: synthetic, input_tokens: 20, output_tokens: 6, count: 4}
+            """))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "llm_bench localhost/baseline C=1: running" in out
+    assert "llm_bench localhost/baseline C=3:" in out and "tok/s" in out
+    run = tmp_path / "results" / "run1"
+    assert sorted(os.listdir(run / "parts")) == [
+        "localhost__baseline__c1.json", "localhost__baseline__c1.jsonl",
+        "localhost__baseline__c3.json", "localhost__baseline__c3.jsonl"]
+    with open(run / "levels.csv") as fh:
+        header = fh.readline().strip().split(",")
+    assert header[:len(LEVEL_COLUMNS)] == list(LEVEL_COLUMNS)
+    levels = read_levels(run)
+    assert [lv["concurrency"] for lv in levels] == ["1", "3"]
+    for lv in levels:
+        assert float(lv["output_tok_s"]) > 0 and lv["errors"] == "0"
+        assert float(lv["goodput_request_s"]) > 0
+    records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert {r["concurrency"] for r in records} == {1, 3}
+    ok = [r for r in records if r["error"] is None]
+    # synthetic output_tokens wins over max_tokens, and the count is the server's
+    assert ok and all(r["completion_tokens"] == 6 and r["tokens_source"] == "server" for r in ok)
+    for lv in levels:
+        in_window = [r for r in records if r["in_window"] and r["concurrency"] == int(
+            lv["concurrency"])]
+        assert len(in_window) == int(lv["requests"])
+
+
+def test_server_dying_mid_sweep_keeps_finished_levels_and_stops(tmp_path):
+    with fake_server("--ttft-ms", "5", "--step-ms", "2", "--exit-after", "14") as url:
+        proc = run_playbook(playbook(tmp_path, url, """\
+            concurrency: [1, 2, 4, 8]
+            max_requests: 4
+            """))
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "The sweep for this profile stopped" in out
+    run = tmp_path / "results" / "run1"
+    levels = read_levels(run)
+    concs = [int(lv["concurrency"]) for lv in levels]
+    assert concs[0] == 1 and levels[0]["errors"] == "0"
+    assert 8 not in concs or len(concs) == 4       # stopped at the failing level
+    last = levels[-1]
+    assert int(last["run_errors"]) > 0             # the failing level is recorded, with errors
+    assert "C=%d" % concs[-1] in out
+
+
+def test_check_mode_and_bad_options_write_nothing(tmp_path):
+    with fake_server() as url:
+        check = run_playbook(playbook(tmp_path, url, "concurrency: [1, 2]\n"), "--check")
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert not (tmp_path / "results").exists()
+        bad = run_playbook(playbook(tmp_path, url, """\
+            concurrency: [1, 0]
+            """, name="bad.yml"))
+        assert bad.returncode != 0
+        assert "concurrency" in bad.stdout and "positive integer" in bad.stdout
+        bad_slo = run_playbook(playbook(tmp_path, url, """\
+            concurrency: [1]
+            slo: {ttft: 100}
+            """, name="bad2.yml"))
+        assert bad_slo.returncode != 0 and "slo.ttft" in bad_slo.stdout
+    assert not (tmp_path / "results").exists()
+
+
+def test_ctrl_c_mid_sweep_keeps_finished_levels(tmp_path):
+    with fake_server("--ttft-ms", "5", "--step-ms", "2") as url:
+        path = playbook(tmp_path, url, """\
+            concurrency: [1, 2]
+            """)
+        # The second level runs long, so the interrupt lands inside it.
+        text = path.read_text().replace("level_timeout: 60", "level_timeout: 8\n"
+                                        "        min_window_requests: 100000")
+        path.write_text(text)
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
+        proc = subprocess.Popen(ansible_cmd(path), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=str(tmp_path), start_new_session=True)
+        part = tmp_path / "results" / "run1" / "parts" / "localhost__baseline__c1.json"
+        try:
+            deadline = time.monotonic() + 120
+            # min_window_requests is huge, so level 1 ends at half its level_timeout (4 s):
+            # wait for it, then interrupt level 2 as a terminal would (the whole group).
+            while not part.exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert part.exists(), "level 1 never finished"
+            time.sleep(1.0)
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+    levels = read_levels(tmp_path / "results" / "run1")
+    assert [lv["concurrency"] for lv in levels] == ["1"]
+    assert levels[0]["window_complete"] == "false"   # ended by the time bound, and says so
+
