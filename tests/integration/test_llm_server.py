@@ -328,3 +328,27 @@ def test_an_engine_version_other_than_the_installed_one_is_refused(lab, fake_sgl
         lab.run(unique("sglver"), engine="sglang", port=free_port(), python=fake_sglang,
                 engine_version="0.5.13.post1", profile={"name": "b", "model": "/m"})
     assert "engine_version is 0.5.13.post1 but" in err.value.msg and "0.5.23" in err.value.msg
+
+
+def test_same_name_in_two_state_dirs_are_two_servers(lab, tmp_path):
+    """Instance names are unique per state directory only; the cgroup is machine-wide. Stopping
+    one must not kill the other (it did when the cgroup was named after the instance alone)."""
+    name, port = unique("twin"), free_port()
+    first = lab.run(name, engine="command", port=port, profile=fake_profile())
+    other_dir = str(tmp_path / "other-servers")
+    second = run(lab.request(name, engine="command", port=free_port(), profile=fake_profile(),
+                             state_dir=other_dir))
+    lab.pids.add(second.pid)
+    try:
+        if first.cgroup and second.cgroup:
+            assert first.cgroup != second.cgroup
+        stopped = run(lab.request(name, state="stopped", state_dir=other_dir))
+        assert stopped.changed and not launcher_procs.is_alive(second.pid)
+        assert launcher_procs.is_alive(first.pid), "stopping a namesake killed this server"
+        again = lab.run(name, engine="command", port=port, profile=fake_profile())
+        assert (again.changed, again.action) == (False, "unchanged")
+    finally:
+        try:
+            run(lab.request(name, state="stopped", state_dir=other_dir))
+        except ServerError:
+            pass

@@ -8,6 +8,7 @@ right after deciding.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shlex
@@ -262,6 +263,16 @@ def ensure_stopped(req: ServerRequest) -> ServerResult:
 # Start
 
 
+def cgroup_leaf(name: str, server_dir: str) -> str:
+    """The server's cgroup name: its instance name plus a digest of its state directory.
+
+    The cgroup hierarchy is machine-wide while instance names are only unique within a state
+    directory: two runs using the same profile names (two checkouts, a test beside a benchmark)
+    would otherwise share one cgroup, and stopping one (cgroup.kill) would kill the other."""
+    digest = hashlib.sha256(os.path.realpath(server_dir).encode("utf-8")).hexdigest()[:10]
+    return f"{name}-{digest}"
+
+
 def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
            result: ServerResult) -> None:
     directory = server_state.server_dir(req.state_dir, req.name)
@@ -272,7 +283,7 @@ def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
             f"which is not server {req.name}: stop it (gpu_reap) or choose another port")
     if sim_source is not None:
         server_simulator.materialise(directory, sim_source)
-    choice = launcher_cgroup.prepare(req.name, req.cgroup)
+    choice = launcher_cgroup.prepare(cgroup_leaf(req.name, directory), req.cgroup)
     marker = f"{req.name}:{uuid.uuid4().hex[:12]}"
     try:
         launched = launcher.spawn(spec.cmd, spec.env, result.log_path, directory, marker, choice)
