@@ -101,6 +101,8 @@ def test_bench_playbook_end_to_end_and_crossover_matches_the_model(tmp_path):
     for col in results.LEVEL_COLUMNS:
         assert col in rows[0], col
     assert all(int(r_["errors"]) == 0 for r_ in rows)
+    # The simulator streams per-chunk usage: ITL is per token even for multi-token chunks.
+    assert {r_["itl_basis"] for r_ in rows} == {"token"}
 
     with open(run_dir / results.REQUESTS) as fh:
         reqs = [json.loads(line) for line in fh]

@@ -102,3 +102,13 @@ def test_level_failure_rule():
     assert level_failure({"run_requests": 0, "run_errors": 0, "stop_reason": "aborted"})
     assert level_failure({"run_requests": 5, "run_errors": 1,
                           "stop_reason": "window complete"}) is None
+
+
+def test_synthetic_input_tokens_mean_the_same_to_the_simulator():
+    """`input_tokens` is honoured by the simulator's token rule (one 4-byte word per token), so
+    the embedded default sends the prompt length the field fit assumes."""
+    from ansible.module_utils.servelab import simulator
+    for n in (16, 2048):
+        for prompt in synthetic(input_tokens=n, output_tokens=8, count=5, seed=3).prompts:
+            counted = simulator.prompt_tokens_for_text(prompt.messages[0]["content"])
+            assert abs(counted - n) <= 2, (n, counted)

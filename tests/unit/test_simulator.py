@@ -332,6 +332,29 @@ def test_speculative_profile_emits_multi_token_chunks(start_sim):
     assert [len(t) // 4 for t in texts if t] == r["chunk_tokens"]
 
 
+def test_continuous_usage_stats_give_each_chunk_its_cumulative_tokens(start_sim):
+    """With stream_options.continuous_usage_stats (as vLLM and SGLang serve it) every content
+    chunk carries the cumulative usage, which is how a client learns how many tokens a
+    speculative multi-token chunk holds (per-token ITL over the OpenAI API)."""
+    srv = start_sim("--profile", "eagle3", "--time-scale", "50")
+    body = chat(max_tokens=40, ignore_eos=True,
+                stream_options={"include_usage": True, "continuous_usage_stats": True})
+    _, events = stream(srv.port, "/v1/chat/completions", body)
+    (r,) = srv.truth(1)
+    content = [c for c in payloads(events)
+               if c["choices"] and c["choices"][0]["delta"].get("content")]
+    cumulative = [c["usage"]["completion_tokens"] for c in content]
+    per_chunk = [b - a for a, b in zip([0] + cumulative, cumulative)]
+    assert per_chunk == r["chunk_tokens"] and max(per_chunk) > 1
+    assert all(len(c["choices"][0]["delta"]["content"]) // 4 == k
+               for c, k in zip(content, per_chunk))
+    assert payloads(events)[-1]["usage"]["completion_tokens"] == 40   # the final usage chunk
+    # continuous usage alone: per-chunk usage, no separate final usage chunk
+    body = chat(max_tokens=5, ignore_eos=True, stream_options={"continuous_usage_stats": True})
+    _, events = stream(srv.port, "/v1/chat/completions", body)
+    assert [c for c in payloads(events) if not c["choices"]] == []
+
+
 def test_firehose_writes_several_events_at_once(start_sim):
     srv = start_sim("--profile", "firehose", "--firehose-events-per-write", "8",
                     "--tokens-per-chunk", "2")

@@ -779,7 +779,8 @@ class _Fail(Exception):
 
 class SimRequest:
     """One generation request and everything the stream and the truth record need."""
-    __slots__ = ("id", "index", "api", "stream", "include_usage", "prompt_tokens", "target",
+    __slots__ = ("id", "index", "api", "stream", "include_usage", "continuous_usage",
+                 "prompt_tokens", "target",
                  "finish_reason", "proto", "t_recv_ns", "emitted", "chunk_ns", "chunk_tokens",
                  "t_first_ns", "t_last_ns", "error", "pieces", "text_seed", "fail_at",
                  "stall_at", "stall_until", "malformed_at", "malformed", "finished", "cancelled",
@@ -803,6 +804,7 @@ class SimRequest:
         self.verify_ct = 0
         self.draws = None
         self.include_usage = False
+        self.continuous_usage = False   # stream_options.continuous_usage_stats (vLLM/SGLang)
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -1206,7 +1208,8 @@ class SimServer:
             natural = max(natural_output_tokens(self.p, key, self.cfg.seed), min_tokens)
             target, reason = (max_tokens, "length") if natural >= max_tokens else (natural, "stop")
         req = self._new_request(api, stream, ptoks, target, reason, proto, t_recv_ns, rid)
-        req.include_usage = include_usage
+        req.include_usage = include_usage in (True, 2)
+        req.continuous_usage = include_usage in (2, 3)
         self.counter += 1
         req.index = self.counter
         self.stats.requests_received_total += 1
@@ -1473,7 +1476,12 @@ class SimServer:
             meta = self._meta_info(req, last)
             return b"data: " + _dumps({"text": "".join(req.pieces), "meta_info": meta}
                                       ).encode() + b"\n\n"
-        body = req.prefix + text.encode() + req.suffix
+        if req.continuous_usage:
+            # the suffix ends with the chunk object's closing brace: put usage before it
+            body = (req.prefix + text.encode() + req.suffix[:-3] + b',"usage":'
+                    + _dumps(self._usage(req)).encode() + b"}\n\n")
+        else:
+            body = req.prefix + text.encode() + req.suffix
         if first and req.api == "chat":
             body = (req.prefix[:-len(b'"content":"')] + b'"role":"assistant","content":""'
                     + b'},"logprobs":null,"finish_reason":null}]}\n\n' + body)
@@ -1661,6 +1669,10 @@ def _parse_openai(api: str, data: Mapping[str, Any]):
     if not isinstance(opts, dict):
         raise _Fail(400, "stream_options must be an object, e.g. {\"include_usage\": true}")
     include_usage = _bool_field(opts, "include_usage")
+    # continuous_usage_stats: every content chunk carries the cumulative usage, so a client
+    # knows how many tokens each (multi-token, speculative) chunk holds. 2 = final + per chunk.
+    if _bool_field(opts, "continuous_usage_stats"):
+        include_usage = 2 if include_usage else 3
     if api == "chat":
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages or not all(

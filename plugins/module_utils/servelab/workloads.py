@@ -185,6 +185,10 @@ _WORDS = ("the of and to in is that for it as was with be by on not he this are 
           "before must between back years them used well way work people should because each "
           "just those how too little state good very make world still own see men long here get "
           "both under").split()
+# Synthetic prompts use the three-letter ones: " the", " and", ... are one token in the common
+# BPE vocabularies and exactly one under the simulator's rule (4 UTF-8 bytes per token), so
+# `input_tokens` means the same to a real server and to the simulator.
+_TOKEN_WORDS = tuple(w for w in _WORDS if len(w) == 3)
 
 
 def builtin() -> Workload:
@@ -208,7 +212,7 @@ def synthetic(input_tokens: int, output_tokens: int, count: int = 64, spread: fl
             n_in = max(1, int(round(input_tokens * rng.uniform(1 - spread, 1 + spread))))
             n_out = max(1, int(round(output_tokens * rng.uniform(1 - spread, 1 + spread))))
         words = [str(rng.randrange(10 ** 6))]
-        words.extend(rng.choice(_WORDS) for _ in range(max(0, n_in - 1)))
+        words.extend(rng.choice(_TOKEN_WORDS) for _ in range(max(0, n_in - 1)))
         prompts.append(Prompt(messages=[{"role": "user", "content": " ".join(words)}],
                               max_tokens=n_out, ignore_eos=True, label="synthetic-%d" % i))
     return Workload("synthetic", prompts, "%d synthetic prompts, ~%d in / %d out tokens%s" % (
