@@ -22,9 +22,16 @@ VENV_BIN = os.path.join(REPO, ".venv", "bin")
 
 pytestmark = pytest.mark.slow
 
-LEVELS = [1, 2, 5, 10]
+LEVELS = [1, 5, 30]
 TIME_SCALE = 40
+PROMPT_TOKENS = 1024
 OUTPUT_TOKENS = 256
+# The field-fitted eagle3 wins or loses by only 2-4% around its crossover (the field's own margin:
+# 96.1 vs 92.6 tok/s single stream), which a short live level cannot resolve on a shared 2-core
+# machine. The crossover test therefore uses eagle3's model with a higher draft acceptance, whose
+# predicted speedups at these levels are about 1.18x, 1.19x and 0.76x: the same code path, a
+# verdict that noise cannot flip.
+SPEC = {"profile": "eagle3", "spec_accept_rate": 0.8, "time_scale": TIME_SCALE}
 
 
 def _free_port() -> int:
@@ -61,12 +68,11 @@ def _report_result(r):
     raise AssertionError("the report task did not run: " + r.stdout.read()[-3000:])
 
 
-def _profiles(extra=None):
-    profs = [
+def _profiles():
+    return [
         {"name": "baseline", "simulator": {"profile": "baseline", "time_scale": TIME_SCALE}},
-        {"name": "eagle3", "simulator": {"profile": "eagle3", "time_scale": TIME_SCALE}},
+        {"name": "eagle3", "simulator": dict(SPEC)},
     ]
-    return profs + (extra or [])
 
 
 def _base_vars(tmp_path, profiles):
@@ -77,8 +83,8 @@ def _base_vars(tmp_path, profiles):
         "bench_warmup_requests": 1,
         "bench_server_port": _free_port(),
         "bench_state_dir": str(tmp_path / "servers"),
-        "bench_workload": {"kind": "synthetic", "input_tokens": 1400, "output_tokens": OUTPUT_TOKENS,
-                           "count": 32},
+        "bench_workload": {"kind": "synthetic", "input_tokens": PROMPT_TOKENS,
+                           "output_tokens": OUTPUT_TOKENS, "count": 32},
         "bench_max_tokens": OUTPUT_TOKENS,
     }
 
@@ -115,13 +121,13 @@ def test_bench_playbook_end_to_end_and_crossover_matches_the_model(tmp_path):
     for prof in ("baseline", "eagle3"):
         rec = manifest["profiles"][prof]["localhost"]
         assert rec["status"] == "finished"
-        assert "--profile" in rec["cmdline"] and prof in rec["cmdline"]
+        assert "--profile" in rec["cmdline"] and "--time-scale" in rec["cmdline"]
     assert "gpu_facts" in manifest["hosts"]["localhost"]
 
     # The crossover the report found must be the one the simulator's model predicts for the
     # same settings: same levels, the prompt length the server really counted, same time scale.
     prompt_tokens = round(statistics.mean(q["prompt_tokens"] for q in reqs if not q["error"]))
-    predicted = simulator.predict_crossover("baseline", "eagle3", LEVELS, prompt_tokens,
+    predicted = simulator.predict_crossover("baseline", SPEC, LEVELS, prompt_tokens,
                                             OUTPUT_TOKENS, time_scale=TIME_SCALE)
     assert predicted is not None, "the model predicts no crossover for these settings"
     report = _report_result(r)
