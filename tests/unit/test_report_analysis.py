@@ -157,6 +157,19 @@ def test_client_limited_level_is_not_used_for_the_crossover(tmp_path):
     assert "client-limited (excluded)" in report.table
 
 
+def test_a_level_with_an_unusable_rival_names_no_winner(tmp_path):
+    """Seen in a real run: baseline client-limited at the top levels made the recommendation
+    say 'then eagle3 from C=70', although eagle3 lost everywhere it was compared."""
+    levels = [1, 2, 4, 8, 16, 32]
+    top = levels[-2:]
+    rows = two_profiles(levels=levels,
+                        overrides={("baseline", c): {"client_limited": True} for c in top})
+    report = build_report(write_run(tmp_path, rows), with_plots=False)
+    after = report.recommendation.split("then", 1)[-1]
+    assert "eagle3 from" not in after and "C=16" not in report.recommendation.split(";")[0]
+    assert "baseline at" in report.recommendation or "baseline from" in report.recommendation
+
+
 def test_failed_level_is_marked_and_skipped(tmp_path):
     low, high = expected_bracket(LEVELS_SWEEP)
     rows = two_profiles(overrides={("baseline", high): {"errors": 200, "requests": 200}})

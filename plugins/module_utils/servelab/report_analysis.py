@@ -237,9 +237,13 @@ def crossover_map(crossovers: list) -> dict:
 
 def best_profile_segments(host_rows: pd.DataFrame, baseline: str) -> list:
     """Per measured level the profile with the highest usable output tok/s, grouped into runs."""
-    usable = host_rows[host_rows["usable"]]
     segments: list = []
-    for c, at_level in usable.groupby("concurrency", sort=True):
+    for c, measured in host_rows.groupby("concurrency", sort=True):
+        # A level where any profile's figure is unusable (client-limited, failed, error-heavy)
+        # names no winner: the profiles left would "win" only because a rival was not measured.
+        if not measured["usable"].all():
+            continue
+        at_level = measured
         # Highest output tok/s; an exact tie goes to the baseline (the simpler server to run).
         ranked = at_level.assign(_is_base=at_level["profile"] == baseline)
         best = ranked.sort_values(
