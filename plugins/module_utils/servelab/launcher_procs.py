@@ -4,67 +4,36 @@ A server is more than its first PID: SGLang forks a scheduler per TP rank, a det
 draft workers, and a child may double-fork out of the process group. Members are found by every
 trace they leave: descendants of the launched PID, its process group and session, the cgroup
 (launcher_cgroup.py), and an environment marker that children inherit even after setsid.
-Standard library only (psutil is not on bare containers).
+Standard library only (psutil is not on bare containers). /proc itself is read by procscan, the
+one reader the reaper uses too.
 """
 from __future__ import annotations
 
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set
+
+from ansible.module_utils.servelab.procscan import (
+    ProcInfo, children_map, read_cmdline, read_process, scan_processes, still_running,
+)
 
 PROC = "/proc"
 MARKER_VAR = "SERVELAB_SERVER"
 
 
-@dataclass(frozen=True)
-class ProcInfo:
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    state: str
-    start_time: int   # clock ticks since boot: with the PID, a process identity that survives reuse
-    comm: str
-
-    @property
-    def zombie(self) -> bool:
-        return self.state in ("Z", "X")
-
-
 def read_proc(pid: int) -> Optional[ProcInfo]:
-    try:
-        with open(f"{PROC}/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode("utf-8", "replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
-        return None
-    # comm is in parentheses and may itself contain spaces or parentheses.
-    lpar, rpar = raw.find("("), raw.rfind(")")
-    fields = raw[rpar + 2:].split()
-    try:
-        return ProcInfo(pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), sid=int(fields[3]),
-                        state=fields[0], start_time=int(fields[19]), comm=raw[lpar + 1:rpar])
-    except (IndexError, ValueError):
-        return None
+    """The process as its stat file shows it (ids, state, start_time, comm); None once gone.
+    Stat only: discovery rereads the whole table every poll of a stop."""
+    return read_process(pid, PROC, stat_only=True)
 
 
 def all_procs() -> Dict[int, ProcInfo]:
-    found = {}
-    for entry in os.listdir(PROC):
-        if entry.isdigit():
-            info = read_proc(int(entry))
-            if info is not None:
-                found[info.pid] = info
-    return found
+    return scan_processes(PROC, stat_only=True)
 
 
 def cmdline(pid: int) -> str:
-    try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
+    return read_cmdline(pid, PROC)
 
 
 def has_marker(pid: int, marker: str) -> bool:
@@ -77,12 +46,7 @@ def has_marker(pid: int, marker: str) -> bool:
 
 def is_alive(pid: Optional[int], start_time: Optional[int] = None) -> bool:
     """True while the process exists, is not a zombie, and (if given) is the same process."""
-    if not pid:
-        return False
-    info = read_proc(pid)
-    if info is None or info.zombie:
-        return False
-    return start_time is None or info.start_time == start_time
+    return bool(pid) and still_running(pid, start_time, PROC)
 
 
 def protected_pids() -> Set[int]:
@@ -105,7 +69,7 @@ def members(root_pid: Optional[int], root_start: Optional[int], marker: Optional
     protected = protected_pids()
     chosen: Set[int] = {p for p in cgroup_pids if p in procs}
     root = procs.get(root_pid) if root_pid else None
-    same_root = root is not None and (root_start is None or root.start_time == root_start)
+    same_root = root is not None and root_start in (None, root.starttime)
     if same_root:
         chosen.add(root.pid)
     if root_pid and (same_root or root is None):
@@ -116,9 +80,7 @@ def members(root_pid: Optional[int], root_start: Optional[int], marker: Optional
     if marker:
         chosen |= {pid for pid in procs if has_marker(pid, marker)}
     # Descendants of anything chosen so far (children that changed group or session).
-    children: Dict[int, List[int]] = {}
-    for info in procs.values():
-        children.setdefault(info.ppid, []).append(info.pid)
+    children = children_map(procs)
     stack = list(chosen)
     while stack:
         for child in children.get(stack.pop(), ()):
@@ -126,7 +88,7 @@ def members(root_pid: Optional[int], root_start: Optional[int], marker: Optional
                 chosen.add(child)
                 stack.append(child)
     return {pid: procs[pid] for pid in chosen
-            if pid in procs and pid not in protected and not procs[pid].zombie}
+            if pid in procs and pid not in protected and not procs[pid].gone}
 
 
 def signal_pids(pids: Iterable[int], sig: int) -> List[int]:

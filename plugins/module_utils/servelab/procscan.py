@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 PF_KTHREAD = 0x00200000          # task flag (stat field 9) of kernel threads
+# Zombie, dead, and dead as older kernels (2.6.33-3.13) spell it: the process has exited.
+GONE_STATES = ("Z", "X", "x")
 _WILDCARDS = re.compile(r"[*?\[]")
 
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """One process as /proc shows it at scan time."""
+    """One process as /proc shows it at scan time.
+
+    The fields up to starttime, and kernel_thread, come from /proc/<pid>/stat; cmdline, uid and
+    nspid from further files, left at "", None and () by a stat-only read (read_process)."""
     pid: int
     ppid: int
     pgid: int
@@ -37,10 +42,15 @@ class ProcInfo:
     kernel_thread: bool = False
 
     @property
+    def start_time(self) -> int:
+        """starttime under the name the launcher and its saved server state use."""
+        return self.starttime
+
+    @property
     def gone(self) -> bool:
         """Zombie or dead: the process has exited; only its parent's wait() is missing, and
         when we are not its parent we cannot do that. Its memory and fds are already released."""
-        return self.state in ("Z", "X", "x")
+        return self.state in GONE_STATES
 
     @property
     def namespace_pid(self) -> int:
@@ -82,23 +92,29 @@ def parse_stat(text: str) -> Tuple[str, Dict[str, int], str]:
     return comm, fields, rest[0]
 
 
-def read_process(pid: int, proc_root: str = "/proc") -> Optional[ProcInfo]:
-    """One process, or None if it has gone (or is unreadable) meanwhile."""
-    base = "%s/%d" % (proc_root, pid)
-    raw = _read_bytes(base + "/stat")
+def read_stat(pid: int, proc_root: str = "/proc") -> Optional[Tuple[str, Dict[str, int], str]]:
+    """parse_stat of /proc/<pid>/stat, or None if the process has gone (or is unreadable)."""
+    raw = _read_bytes("%s/%d/stat" % (proc_root, pid))
     if raw is None:
         return None
     try:
-        comm, fields, state = parse_stat(raw.decode("utf-8", "replace"))
+        return parse_stat(raw.decode("utf-8", "replace"))
     except (ValueError, IndexError):
         return None
-    cmd_raw = _read_bytes(base + "/cmdline") or b""
+
+
+def read_cmdline(pid: int, proc_root: str = "/proc") -> str:
+    """argv joined by spaces; "" for kernel threads, zombies and processes gone meanwhile."""
+    raw = _read_bytes("%s/%d/cmdline" % (proc_root, pid)) or b""
     # setproctitle pads the rewritten argv area with NULs or spaces: strip them.
-    argv = [a for a in cmd_raw.decode("utf-8", "replace").split("\0")]
-    cmdline = " ".join(argv).strip()
+    return raw.decode("utf-8", "replace").replace("\0", " ").strip()
+
+
+def _read_ids(pid: int, proc_root: str) -> Tuple[Optional[int], Tuple[int, ...]]:
+    """(real uid, NSpid) from /proc/<pid>/status; (None, ()) where unreadable."""
     uid = None
     nspid: Tuple[int, ...] = ()
-    status = _read_bytes(base + "/status")
+    status = _read_bytes("%s/%d/status" % (proc_root, pid))
     if status:
         for line in status.decode("utf-8", "replace").splitlines():
             if line.startswith("Uid:"):
@@ -111,6 +127,23 @@ def read_process(pid: int, proc_root: str = "/proc") -> Optional[ProcInfo]:
                     nspid = tuple(int(x) for x in line.split()[1:])
                 except ValueError:
                     pass
+    return uid, nspid
+
+
+def read_process(pid: int, proc_root: str = "/proc", stat_only: bool = False
+                 ) -> Optional[ProcInfo]:
+    """One process, or None if it has gone (or is unreadable) meanwhile. stat_only reads one
+    file instead of three, for callers that need only ids, state and start time."""
+    parsed = read_stat(pid, proc_root)
+    if parsed is None:
+        return None
+    comm, fields, state = parsed
+    cmdline = ""
+    uid: Optional[int] = None
+    nspid: Tuple[int, ...] = ()
+    if not stat_only:
+        cmdline = read_cmdline(pid, proc_root)
+        uid, nspid = _read_ids(pid, proc_root)
     return ProcInfo(
         pid=pid, ppid=fields["ppid"], pgid=fields["pgid"], sid=fields["sid"], state=state,
         comm=comm, cmdline=cmdline, starttime=fields["starttime"], uid=uid, nspid=nspid,
@@ -127,11 +160,11 @@ def list_pids(proc_root: str = "/proc") -> List[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def scan_processes(proc_root: str = "/proc") -> Dict[int, ProcInfo]:
+def scan_processes(proc_root: str = "/proc", stat_only: bool = False) -> Dict[int, ProcInfo]:
     """The whole process table (thread-group leaders), keyed by pid."""
     table: Dict[int, ProcInfo] = {}
     for pid in list_pids(proc_root):
-        info = read_process(pid, proc_root)
+        info = read_process(pid, proc_root, stat_only)
         if info is not None:
             table[pid] = info
     return table
@@ -170,17 +203,15 @@ def descendants(pid: int, kids: Dict[int, List[int]]) -> List[int]:
     return out
 
 
-def still_running(pid: int, starttime: int, proc_root: str = "/proc") -> bool:
+def still_running(pid: int, starttime: Optional[int], proc_root: str = "/proc") -> bool:
     """True while the very process (pid + start time: a reused pid is another process) exists
-    and is not a zombie. A zombie has released its memory and device files."""
-    raw = _read_bytes("%s/%d/stat" % (proc_root, pid))
-    if raw is None:
+    and is not a zombie. A zombie has released its memory and device files. starttime None:
+    whichever process has this pid now."""
+    parsed = read_stat(pid, proc_root)
+    if parsed is None:
         return False
-    try:
-        _, fields, state = parse_stat(raw.decode("utf-8", "replace"))
-    except (ValueError, IndexError):
-        return False
-    return fields["starttime"] == starttime and state not in ("Z", "X", "x")
+    _, fields, state = parsed
+    return state not in GONE_STATES and starttime in (None, fields["starttime"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -271,7 +271,7 @@ def _segment_phrase(seg: Segment, baseline: str, last: bool, only: bool) -> str:
     if only:
         where = f"at every usable level ({level_ranges(seg.levels)})"
     elif last and len(seg.levels) > 1:
-        where = f"from C={seg.levels[0]} to C={seg.levels[-1]} (the highest level measured)"
+        where = f"from C={seg.levels[0]} to C={seg.levels[-1]} (the highest level compared)"
     elif last:
         where = f"from C={seg.levels[0]} up"
     else:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Set
 
+from ansible.module_utils.servelab.procscan import list_pids, read_cmdline
+
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 LISTEN = "0A"
 
@@ -41,10 +43,8 @@ def listeners(port: int) -> Dict[int, str]:
         return {}
     wanted = {f"socket:[{inode}]" for inode in inodes}
     holders: Dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fd_dir = f"/proc/{entry}/fd"
+    for pid in list_pids():
+        fd_dir = f"/proc/{pid}/fd"
         try:
             fds = os.listdir(fd_dir)
         except OSError:
@@ -52,19 +52,11 @@ def listeners(port: int) -> Dict[int, str]:
         for fd in fds:
             try:
                 if os.readlink(f"{fd_dir}/{fd}") in wanted:
-                    holders[int(entry)] = _cmdline(int(entry))
+                    holders[pid] = read_cmdline(pid)
                     break
             except OSError:
                 continue
     return holders
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
 
 
 def describe(holders: Dict[int, str]) -> List[str]:
