@@ -108,11 +108,13 @@ def test_fixed_setting_figures_match_the_truth_at_several_levels(tmp_path):
 
 def test_multi_token_chunks_per_token_itl_against_truth(tmp_path):
     """3 tokens per chunk, a chunk every 12 ms: per token that is 4 ms. SGLang's native API
-    reports per-chunk counts, so llm_bench's ITL must match the truth's per-token ITL; the OpenAI
-    API here reports none, so the figure is inter-chunk (12 ms) and labelled `chunk`."""
+    reports per-chunk counts, and so does the OpenAI API with continuous_usage_stats, so
+    llm_bench's ITL must match the truth's per-token ITL on both; without per-chunk usage the
+    figure is inter-chunk (12 ms) and labelled `chunk`."""
     with simulator(tmp_path, "fixed", "--tokens-per-chunk", "3") as (url, records):
         native = level(url, 4, api="sglang_generate").row
-        chat = level(url, 4).row
+        chat_usage = level(url, 4).row
+        chat = level(url, 4, per_chunk_usage=False).row
         truth = records()
     t = truth_over(truth, native.window_start_ns, native.window_end_ns)
     assert native.itl_basis == "token"
@@ -121,6 +123,9 @@ def test_multi_token_chunks_per_token_itl_against_truth(tmp_path):
     assert native.output_tok_s == pytest.approx(t["tok_s"], rel=0.02)
     # TPOT counts tokens, not chunks: (t_last - t_first) / (24 - 1) ~ 7 chunks x 12 ms / 23
     assert native.tpot_p50_ms == pytest.approx(t["tpot_ms"], rel=0.03)
+    assert chat_usage.itl_basis == "token"
+    tu = truth_over(truth, chat_usage.window_start_ns, chat_usage.window_end_ns)
+    assert chat_usage.itl_p50_ms == pytest.approx(tu["itl_ms"], rel=0.1)
     assert chat.itl_basis == "chunk"
     assert chat.itl_p50_ms == pytest.approx(12.0, rel=0.1)
     tc = truth_over(truth, chat.window_start_ns, chat.window_end_ns)

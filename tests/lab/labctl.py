@@ -77,6 +77,7 @@ HOST_COMMANDS = {
     "ssh": "openssh-client",
     "ip": "iproute2",
     "tar": "tar",
+    "gpg": "gpg",  # signs the test APT repositories (tests/lab/aptrepo)
 }
 PATH_IN_GUEST = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
