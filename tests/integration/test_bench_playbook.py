@@ -40,7 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_bench(tmp_path, extravars):
+def _run_bench(tmp_path, extravars, cmdline=None):
     env = {
         "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
@@ -56,6 +56,7 @@ def _run_bench(tmp_path, extravars):
         envvars=env,
         quiet=True,
         timeout=900,
+        cmdline=cmdline,
     )
     return r
 
@@ -157,3 +158,14 @@ def test_a_dying_server_is_recorded_and_the_other_profiles_still_report(tmp_path
     assert {int(r_["concurrency"]) for r_ in rows if r_["profile"] == "baseline"} == {1, 2}
     # The run still ends with a report.
     assert (run_dir / results.SUMMARY).is_file()
+
+
+def test_check_mode_starts_nothing_and_writes_nothing(tmp_path):
+    extravars = _base_vars(tmp_path, _profiles())
+    r = _run_bench(tmp_path, extravars, cmdline="--check")
+    assert r.rc == 0, r.stdout.read()[-5000:]
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+    with socket.socket() as s:   # no server took the port
+        s.bind(("127.0.0.1", extravars["bench_server_port"]))
+    assert not (tmp_path / "servers").exists() or not any(
+        f.name == "state.json" for f in (tmp_path / "servers").rglob("*"))
