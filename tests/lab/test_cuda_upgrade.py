@@ -1,0 +1,357 @@
+"""upgrade-cuda.yml in the lab: container 129 moves from CUDA 12.8 (as the field host had it: NVIDIA's
+cuda-keyring, cuda-toolkit-12-8, an SGLang venv built for cu128) to 13.0.1 with roles cuda_toolkit and
+sglang, against local repositories these tests build and serve: a signed APT repository with
+NVIDIA-like packages (aptrepo/) and PyPI-style indexes with stand-in wheels (pypirepo/). The roles
+see them only through their normal variables (repository URL, key URL, index URLs).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from aptrepo import PUBLIC_KEY_NAME, SigningKey, ToolkitSpec, build_cuda_repo
+from pypirepo import StackVersions, build_stack_indexes
+
+pytestmark = pytest.mark.lab
+
+UPGRADE = "upgrade-cuda.yml"
+STACK = "playbooks/gpu_stack.yml"
+CT = "ct129"
+VENV = "/opt/sglang/venv"
+VERSIONS = StackVersions()  # torch 2.9.1, sglang 0.5.10, flashinfer 0.6.7.post2: SGLang 0.5.10's own pins
+FIELD_CUDA = "12.8"
+
+# What "the host as it was" means here: packages, alternatives, and the files the roles touch.
+SNAPSHOT = r"""
+dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' | grep -E ' (cuda|python3-(debian|venv|packaging))' || true
+for name in cuda cuda-12 cuda-13; do echo "alt $name: $(update-alternatives --query $name 2>/dev/null | grep -E '^(Status|Value):' | tr '\n' ' ')"; done
+find /etc/apt/sources.list.d /etc/apt/keyrings /etc/profile.d /etc/ansible /opt /usr/local -maxdepth 3 \
+  -printf '%p %y %l %s\n' 2>/dev/null | sort
+echo "/var/lib/apt/lists $(ls -l --time-style=+%s /var/lib/apt/lists 2>/dev/null | md5sum)"
+"""
+
+RESET = r"""
+dpkg --purge cuda-toolkit-13-0 cuda-toolkit-12-8 cuda-keyring >/dev/null 2>&1 || true
+for name in cuda cuda-12 cuda-13; do update-alternatives --remove-all $name >/dev/null 2>&1 || true; done
+rm -rf /usr/local/cuda-12.8 /usr/local/cuda-13.0 /opt/sglang /etc/apt/keyrings/servelab-cuda.* \
+  /etc/apt/sources.list.d/servelab-cuda.sources /etc/apt/sources.list.d/cuda-*.list \
+  /etc/profile.d/servelab-cuda.sh /etc/ansible/facts.d/servelab_cuda.fact /etc/ansible/facts.d/servelab_sglang.fact
+"""
+
+
+@dataclasses.dataclass
+class Repos:
+    """The served repositories: URLs as the container reaches them."""
+
+    cuda: str            # cuda-keyring, 12.8.1, 13.0.0, 13.0.1
+    broken: str          # cuda-keyring, 12.8.1, 13.0.0, 13.0.1 whose nvcc cannot start
+    pypi: str            # root of torch/cuXY/, pypi/simple/, flashinfer/cuXY/
+    key_name: str = PUBLIC_KEY_NAME
+
+    def role_vars(self, lab, repo: str | None = None, **extra) -> dict:
+        repo = repo or self.cuda
+        return dict({
+            "cuda_toolkit_repo_url": repo,
+            "cuda_toolkit_repo_key_url": repo + self.key_name,
+            "sglang_version": VERSIONS.sglang,
+            "sglang_torch_version": VERSIONS.torch,
+            "sglang_flashinfer_version": VERSIONS.flashinfer,
+            "sglang_torch_index_url": self.pypi + "torch/cu130/",
+            "sglang_pypi_index_url": self.pypi + "pypi/simple/",
+            "sglang_flashinfer_index_url": self.pypi + "flashinfer/cu130/",
+            "sglang_pip_trusted_hosts": [lab.controller_address],
+        }, **extra)
+
+
+def ct(lab, script: str, *args: str, check: bool = True, timeout: float = 300):
+    return lab.pct_exec(lab.config.vmid, "sh", "-c", script, "sh", *args, check=check, timeout=timeout)
+
+
+def snapshot(lab) -> str:
+    return ct(lab, SNAPSHOT).stdout
+
+
+def reset_container(lab, *, purge_helpers: bool = False) -> None:
+    """Container 129 without any CUDA toolkit, NVIDIA source, venv or servelab fact."""
+    ct(lab, RESET + ("apt-get purge -y -q python3-debian >/dev/null\n" if purge_helpers else ""))
+
+
+def field_state(lab, repo: str, *, toolkits=(("cuda-toolkit-12-8", None),), venv_cuda: str | None = FIELD_CUDA,
+                pypi: str | None = None) -> None:
+    """The field host before the upgrade: NVIDIA's cuda-keyring from `repo`, toolkits installed by
+    apt (auto-selected by their alternatives), and an SGLang venv built for `venv_cuda`."""
+    reset_container(lab)
+    packages = " ".join(name + ("=" + version if version else "") for name, version in toolkits)
+    ct(lab, "set -e\n"
+            "python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "
+            "\"$1cuda-keyring_1.1-1_all.deb\" /tmp/cuda-keyring.deb\n"
+            "dpkg -i /tmp/cuda-keyring.deb >/dev/null && rm /tmp/cuda-keyring.deb\n"
+            "apt-get update -q >/dev/null\n"
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends %s >/dev/null\n" % packages,
+       repo)
+    if venv_cuda:
+        tag = "cu" + venv_cuda.replace(".", "")
+        ct(lab, "set -e\n"
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null\n"
+                "python3 -m venv %(venv)s\n"
+                "pip() { index=$1; host=$2; shift 2; %(venv)s/bin/pip install -q --disable-pip-version-check "
+                "--trusted-host \"$host\" --index-url \"$index\" \"$@\"; }\n"
+                "pip \"$1torch/%(tag)s/\" \"$2\" torch==%(torch)s+%(tag)s\n"
+                "pip \"$1pypi/simple/\" \"$2\" sglang==%(sglang)s flashinfer-python==%(fi)s flashinfer-cubin==%(fi)s\n"
+                "pip \"$1flashinfer/%(tag)s/\" \"$2\" flashinfer-jit-cache==%(fi)s+%(tag)s\n"
+                % dict(venv=VENV, tag=tag, torch=VERSIONS.torch, sglang=VERSIONS.sglang, fi=VERSIONS.flashinfer),
+           pypi, lab.controller_address)
+
+
+def selected(lab) -> str:
+    return ct(lab, "readlink -f /usr/local/cuda || true").stdout.strip()
+
+
+def installed(lab) -> dict:
+    out = ct(lab, "dpkg-query -W -f='${db:Status-Abbrev}|${Package}|${Version}\\n' 'cuda-*' 2>/dev/null || true").stdout
+    return {pkg: version for status, pkg, version in (line.split("|") for line in out.splitlines() if "|" in line)
+            if status.startswith("ii")}
+
+
+def start_gpu_job(lab) -> int:
+    """A process titled like an SGLang scheduler (what gpu_reap looks for), in its own session."""
+    out = ct(lab, "setsid bash -c 'exec -a sglang::scheduler_TP0 sleep 600' </dev/null >/dev/null 2>&1 & echo $!").stdout
+    return int(out.strip())
+
+
+def job_alive(lab, pid: int) -> bool:
+    return ct(lab, "kill -0 %d 2>/dev/null && echo yes || echo no" % pid).stdout.strip() == "yes"
+
+
+def failure_messages(run) -> str:
+    return "\n".join(f.msg for f in run.failures)
+
+
+@pytest.fixture(scope="module")
+def repos(lab, tmp_path_factory) -> Repos:
+    """Build and serve the repositories; give container 129 its GPUs (playbooks/proxmox.yml) once."""
+    tmp = tmp_path_factory.mktemp("cuda-lab")
+    cuda_dir, broken_dir, pypi_dir = tmp / "cuda", tmp / "cuda-broken", tmp / "pypi"
+    for directory in (cuda_dir, broken_dir, pypi_dir):
+        directory.mkdir()
+    urls = {d: lab.serve_directory(d, name="http-" + d.name) for d in (cuda_dir, broken_dir, pypi_dir)}
+    with SigningKey(tmp / "gnupg") as key:
+        build_cuda_repo(cuda_dir, key, urls[cuda_dir],
+                        [ToolkitSpec("12.8.1"), ToolkitSpec("13.0.0"), ToolkitSpec("13.0.1")])
+        build_cuda_repo(broken_dir, key, urls[broken_dir],
+                        [ToolkitSpec("12.8.1"), ToolkitSpec("13.0.0"), ToolkitSpec("13.0.1", broken=True)])
+    build_stack_indexes(pypi_dir, VERSIONS, cuda_releases=("12.8", "13.0"))
+
+    lab.set_fake_driver(lab.config.driver_version)
+    lab.reset_pve_config()
+    if "running" not in lab.pct("status", str(lab.config.vmid)).stdout:
+        lab.pct("start", str(lab.config.vmid))
+    passthrough = lab.run_playbook("playbooks/proxmox.yml")
+    assert passthrough.rc == 0, passthrough.failure_text() or passthrough.stdout[-3000:]
+    try:
+        yield Repos(cuda=urls[cuda_dir], broken=urls[broken_dir], pypi=urls[pypi_dir])
+    finally:
+        # Leave container 129 as the lab made it, for the other lab tests.
+        lab.set_fake_driver(lab.config.driver_version)
+        reset_container(lab)
+        lab.reset_pve_config()
+        lab.pct("reboot", str(lab.config.vmid))
+
+
+def test_check_mode_on_a_fresh_host_changes_nothing(lab, repos):
+    reset_container(lab, purge_helpers=True)
+    before = snapshot(lab)
+
+    run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab), check=True)
+    assert run.rc == 0, run.failure_text() or run.stdout[-4000:]
+    assert run.changed(CT) > 0, "check mode should report what it would change"
+    assert snapshot(lab) == before
+
+
+@pytest.fixture(scope="module")
+def upgraded(lab, repos):
+    """The field's 12.8 host, then upgrade-cuda.yml to 13.0.1 (the run, and the state before it)."""
+    field_state(lab, repos.cuda, pypi=repos.pypi)
+    assert selected(lab) == "/usr/local/cuda-12.8"
+    run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab))
+    return run
+
+
+def test_upgrade_installs_13_0_1_beside_12_8_and_selects_it(lab, repos, upgraded):
+    run = upgraded
+    assert run.rc == 0, run.failure_text() or run.stdout[-5000:]
+    assert installed(lab) == {"cuda-keyring": "1.1-1", "cuda-toolkit-12-8": "12.8.1-1", "cuda-toolkit-13-0": "13.0.1-1"}
+    assert selected(lab) == "/usr/local/cuda-13.0"
+    assert "release 13.0, V13.0.88" in ct(lab, "/usr/local/cuda/bin/nvcc --version").stdout
+    # Selected by hand (manual), so a later toolkit package cannot take /usr/local/cuda over.
+    query = ct(lab, "update-alternatives --query cuda").stdout
+    assert "Status: manual" in query and "Value: /usr/local/cuda-13.0" in query, query
+    assert re.findall(r"^Alternative: (\S+)", query, re.M) == ["/usr/local/cuda-12.8", "/usr/local/cuda-13.0"]
+
+    # The repository: our deb822 source with its key replaced the keyring's .list (same URL, other key).
+    sources = ct(lab, "ls /etc/apt/sources.list.d; cat /etc/apt/sources.list.d/servelab-cuda.sources").stdout
+    assert "cuda-debian12-x86_64.list" not in sources
+    assert "URIs: %s" % repos.cuda in sources and "Signed-By: /etc/apt/keyrings/servelab-cuda.asc" in sources
+
+    env = ct(lab, "bash -lc 'echo $CUDA_HOME; command -v nvcc; echo $LD_LIBRARY_PATH' </dev/null").stdout.split()
+    assert env == ["/usr/local/cuda", "/usr/local/cuda/bin/nvcc", "/usr/local/cuda/lib64"]
+
+    fact = json.loads(ct(lab, "cat /etc/ansible/facts.d/servelab_cuda.fact").stdout)
+    assert (fact["selected"], fact["installed"], fact["package_version"]) == ("13.0", ["12.8", "13.0"], "13.0.1-1")
+    assert fact["nvcc_version"] == "13.0.88"
+    assert fact["env"] == {"CUDA_HOME": "/usr/local/cuda", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+                           "PATH": "/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+    # The venv was rebuilt for cu130 with one FlashInfer version across its three packages.
+    freeze = set(ct(lab, "%s/bin/pip freeze --disable-pip-version-check" % VENV).stdout.split())
+    assert {"torch==2.9.1+cu130", "sglang==0.5.10", "flashinfer-python==0.6.7.post2",
+            "flashinfer-cubin==0.6.7.post2", "flashinfer-jit-cache==0.6.7.post2+cu130"} <= freeze
+    assert not any("cu128" in line for line in freeze)
+    sglang_fact = json.loads(ct(lab, "cat /etc/ansible/facts.d/servelab_sglang.fact").stdout)
+    assert (sglang_fact["torch_cuda"], sglang_fact["sglang_version"]) == ("13.0", "0.5.10")
+
+    # The before/after table, printed at the end of the play.
+    table = [line for line in run.stdout.splitlines() if re.search(r"\|\s*(selected|torch CUDA)\*?\s*\|", line)]
+    assert any(re.search(r"selected\*\s*\|\s*12\.8\s*\|\s*13\.0\s*\|", line) for line in table), table
+    assert any(re.search(r"torch CUDA\*\s*\|\s*12\.8 \(torch 2\.9\.1\+cu128\)\s*\|\s*13\.0 \(torch 2\.9\.1\+cu130\)", line)
+               for line in table), table
+
+
+def test_rerun_changes_nothing(lab, repos, upgraded):
+    assert upgraded.rc == 0, "the upgrade itself failed"
+    run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab))
+    assert run.rc == 0, run.failure_text()
+    assert run.changed() == 0, "second run changed something:\n" + run.stdout[-5000:]
+
+
+def test_testinfra_suite_passes_and_catches_a_wrong_selection(lab, repos, upgraded):
+    assert upgraded.rc == 0, "the upgrade itself failed"
+    suite = lab.run_testinfra("gpu_servers", "tests/host/test_gpu_stack.py")
+    assert suite.returncode == 0, suite.stdout[-4000:]
+    assert re.search(r"\b4 passed\b", suite.stdout), suite.stdout[-2000:]
+
+    # Someone switches the link back by hand: the suite says so.
+    ct(lab, "update-alternatives --set cuda /usr/local/cuda-12.8 >/dev/null")
+    try:
+        broken = lab.run_testinfra("gpu_servers", "tests/host/test_gpu_stack.py")
+        assert broken.returncode != 0 and "test_selected_toolkit_is_the_recorded_one" in broken.stdout, \
+            broken.stdout[-3000:]
+    finally:
+        ct(lab, "update-alternatives --set cuda /usr/local/cuda-13.0 >/dev/null")
+
+
+def test_the_package_is_pinned_and_going_back_needs_allow_downgrade(lab, repos, upgraded):
+    assert upgraded.rc == 0, "the upgrade itself failed"
+    assert installed(lab)["cuda-toolkit-13-0"] == "13.0.1-1"
+    before = snapshot(lab)
+    refused = lab.run_playbook(STACK, extravars=repos.role_vars(lab, cuda_toolkit_version="13.0.0"))
+    assert refused.rc != 0
+    message = failure_messages(refused)
+    assert "cuda-toolkit-13-0 13.0.1-1 is installed on %s, newer than the requested 13.0.0-1" % CT in message, message
+    assert "cuda_toolkit_allow_downgrade: true" in message
+    assert snapshot(lab) == before
+
+    # Allowed: exactly 13.0.0-1, although apt's candidate is 13.0.1-1.
+    run = lab.run_playbook(STACK, extravars=repos.role_vars(lab, cuda_toolkit_version="13.0.0",
+                                                            cuda_toolkit_allow_downgrade=True))
+    assert run.rc == 0, run.failure_text()
+    assert installed(lab)["cuda-toolkit-13-0"] == "13.0.0-1"
+    assert "release 13.0, V13.0.48" in ct(lab, "/usr/local/cuda/bin/nvcc --version").stdout
+    assert json.loads(ct(lab, "cat /etc/ansible/facts.d/servelab_cuda.fact").stdout)["package_version"] == "13.0.0-1"
+
+
+def test_driver_570_stops_in_preflight_naming_the_driver_needed(lab, repos):
+    field_state(lab, repos.cuda, venv_cuda=None)
+    before = snapshot(lab)
+    lab.set_fake_driver("570.172.08")
+    try:
+        # upgrade-cuda.yml: the host's preflight stops everything before the container play starts.
+        run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab))
+        assert run.rc != 0
+        assert [f.host for f in run.failures] == ["pve1"], run.failure_text()
+        assert "570.172.08" in run.failures[0].msg and "580" in run.failures[0].msg
+        assert "cuda_toolkit" not in run.stdout, "the container play must not have started"
+        # The container play alone (gpu_stack.yml) stops in its own preflight, naming the driver it needs.
+        alone = lab.run_playbook(STACK, extravars=repos.role_vars(lab))
+    finally:
+        lab.set_fake_driver(lab.config.driver_version)
+    assert alone.rc != 0
+    assert [f.host for f in alone.failures] == [CT], alone.failure_text()
+    message = alone.failures[0].msg
+    assert "NVIDIA driver 570.172.08 on %s is too old for CUDA 13.0.1" % CT in message, message
+    assert "needs driver >= 580" in message and "Nothing was changed" in message
+    assert snapshot(lab) == before, "a failed preflight must not touch the container"
+
+
+def test_gpu_job_blocks_the_switch_unless_reaping_is_allowed(lab, repos):
+    field_state(lab, repos.cuda, venv_cuda=None)
+    before = snapshot(lab)
+    pid = start_gpu_job(lab)
+    try:
+        run = lab.run_playbook(STACK, extravars=repos.role_vars(lab))
+        assert run.rc != 0
+        message = failure_messages(run)
+        assert "GPU jobs are running on %s: PID %d (sglang::scheduler_TP0" % (CT, pid) in message, message
+        assert "cuda_toolkit_reap: true" in message
+        assert job_alive(lab, pid), "the job must be left alone without cuda_toolkit_reap"
+        assert snapshot(lab) == before
+    finally:
+        ct(lab, "kill %d 2>/dev/null || true" % pid)
+
+
+def test_broken_toolkit_rolls_back_to_12_8_after_reaping(lab, repos):
+    field_state(lab, repos.broken, venv_cuda=None)
+    before = snapshot(lab)
+    pid = start_gpu_job(lab)
+    try:
+        run = lab.run_playbook(STACK, extravars=repos.role_vars(lab, repos.broken, cuda_toolkit_reap=True))
+        assert not job_alive(lab, pid), "cuda_toolkit_reap: true should have stopped the GPU job"
+    finally:
+        ct(lab, "kill %d 2>/dev/null || true" % pid)
+    assert run.rc != 0
+    message = failure_messages(run)
+    assert "CUDA 13.0.1 on %s failed, so the previous toolkit was put back" % CT in message, message
+    assert "/usr/local/cuda-13.0/bin/nvcc --version failed (rc 127)" in message and "libnvptxcompiler" in message
+    assert "/usr/local/cuda -> /usr/local/cuda-12.8 (nvcc release 12.8, as before)" in message
+    assert "cuda-toolkit-13-0 removed (it was not installed before)" in message
+    assert "The host is as it was before this run." in message
+    assert selected(lab) == "/usr/local/cuda-12.8"
+    assert installed(lab) == {"cuda-keyring": "1.1-1", "cuda-toolkit-12-8": "12.8.1-1"}
+    assert "servelab_cuda.fact" not in ct(lab, "ls /etc/ansible/facts.d 2>/dev/null || true").stdout
+    # What changed for good: the repository source (replacing the keyring's) and the profile script.
+    after = snapshot(lab)
+    changed = set(after.splitlines()) ^ set(before.splitlines())
+    assert all(re.search(r"sources\.list\.d|keyrings|profile\.d|/var/lib/apt/lists|python3-debian|alt cuda", line)
+               for line in changed), sorted(changed)
+
+
+def test_venv_left_on_cu128_makes_the_stack_verify_roll_back(lab, repos):
+    """Without role sglang (skipped), torch stays a CUDA 12.8 build: the stack verify refuses 13.0."""
+    field_state(lab, repos.cuda, pypi=repos.pypi)
+    run = lab.run_playbook(STACK, extravars=repos.role_vars(lab), skip_tags="sglang")
+    assert run.rc != 0
+    message = failure_messages(run)
+    assert "torch in the venv is built for CUDA 12.8, the toolkit is CUDA 13.0" in message, message
+    assert "/usr/local/cuda -> /usr/local/cuda-12.8 (nvcc release 12.8, as before)" in message
+    assert "The host is as it was before this run." in message
+    assert selected(lab) == "/usr/local/cuda-12.8"
+    assert "cuda-toolkit-13-0" not in installed(lab)
+
+
+def test_broken_update_of_13_0_puts_13_0_0_back(lab, repos):
+    field_state(lab, repos.broken, venv_cuda=None,
+                toolkits=(("cuda-toolkit-12-8", None), ("cuda-toolkit-13-0", "13.0.0-1")))
+    assert selected(lab) == "/usr/local/cuda-13.0"
+
+    run = lab.run_playbook(STACK, extravars=repos.role_vars(lab, repos.broken))
+    assert run.rc != 0
+    message = failure_messages(run)
+    assert "cuda-toolkit-13-0 back at 13.0.0-1" in message, message
+    assert installed(lab)["cuda-toolkit-13-0"] == "13.0.0-1"
+    assert selected(lab) == "/usr/local/cuda-13.0"
+    assert "release 13.0, V13.0.48" in ct(lab, "/usr/local/cuda/bin/nvcc --version").stdout
