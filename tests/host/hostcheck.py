@@ -53,12 +53,6 @@ def stat_nodes(host, paths) -> dict[str, tuple[str, int, int]]:
     return nodes
 
 
-def local_facts(host) -> dict:
-    """ansible_local of a host (the /etc/ansible/facts.d/*.fact files the roles write), in one call."""
-    result = host.ansible("setup", "gather_subset=!all,!min filter=ansible_local", check=False)
-    return result.get("ansible_facts", {}).get("ansible_local", {})
-
-
 def proxmox_host_of(request, variables) -> testinfra.host.Host:
     """The Proxmox host holding a container (its `proxmox_host` inventory variable)."""
     name = variables.get("proxmox_host")
