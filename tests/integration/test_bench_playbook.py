@@ -145,6 +145,13 @@ def test_a_dying_server_is_recorded_and_the_other_profiles_still_report(tmp_path
     ]
     extravars = _base_vars(tmp_path, profiles)
     extravars["bench_concurrency"] = [1, 2]
+    # the cuda_toolkit role's local fact: its env reaches every server, under bench_server_env
+    facts = tmp_path / "facts.d"
+    facts.mkdir()
+    (facts / "servelab_cuda.fact").write_text(json.dumps(
+        {"env": {"CUDA_HOME": "/usr/local/cuda", "SERVELAB_PROBE": "from-fact"}}))
+    extravars["bench_fact_path"] = str(facts)
+    extravars["bench_server_env"] = {"SERVELAB_PROBE": "from-bench"}
     r = _run_bench(tmp_path, extravars)
     assert r.rc == 0, r.stdout.read()[-5000:]
     run_dir = (tmp_path / "results" / results.LATEST_LINK).resolve()
@@ -152,7 +159,10 @@ def test_a_dying_server_is_recorded_and_the_other_profiles_still_report(tmp_path
     failed = manifest["profiles"]["eagle3"]["localhost"]
     assert failed["status"] == "failed"
     assert failed["error"]
-    assert manifest["profiles"]["baseline"]["localhost"]["status"] == "finished"
+    baseline = manifest["profiles"]["baseline"]["localhost"]
+    assert baseline["status"] == "finished"
+    assert baseline["env"]["CUDA_HOME"] == "/usr/local/cuda"
+    assert baseline["env"]["SERVELAB_PROBE"] == "from-bench"
     with open(run_dir / results.LEVELS, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert {int(r_["concurrency"]) for r_ in rows if r_["profile"] == "baseline"} == {1, 2}
