@@ -19,7 +19,8 @@ except ImportError:
     sys.path.insert(0, os.path.join(REPO, "tests", "gpu"))
     import gpu_env
     gpu_env.use_module_utils()
-for sub in ("plugins/modules", "plugins/action", "plugins/callback"):
+# tests/ for the helpers tests share (simproc: the simulator as a child process).
+for sub in ("plugins/modules", "plugins/action", "plugins/callback", "tests"):
     p = os.path.join(REPO, sub)
     if p not in sys.path:
         sys.path.insert(0, p)

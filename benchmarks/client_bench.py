@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
-import select
-import subprocess
 import sys
 import time
 import types
@@ -37,8 +34,8 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MU = os.path.join(REPO, "plugins", "module_utils")
-SIMULATOR = os.path.join(MU, "servelab", "simulator.py")
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tests"))
 
 
 def _import_servelab():
@@ -62,6 +59,8 @@ from ansible.module_utils.servelab.metrics import percentile  # noqa: E402
 from ansible.module_utils.servelab.workloads import synthetic  # noqa: E402
 
 import client_baselines  # noqa: E402
+# The simulator as a child process, ended by PID; it inherits this process's CPU affinity (--cpus).
+from simproc import ServerProcess  # noqa: E402
 
 TARGET_TOK = 0.5      # %
 TARGET_TPOT = 0.5     # %
@@ -69,37 +68,6 @@ TARGET_TTFT = 5.0     # % (or 2 ms)
 TARGET_TTFT_MS = 2.0
 TARGET_CPU_US = 24.0
 TARGET_EVENTS = 120_000
-
-
-class Simulator:
-    """The simulator as a subprocess, ended by PID; its truth log read after it flushed."""
-
-    def __init__(self, profile: str, truth: str, cpus: Optional[str], *extra: str):
-        cmd = [sys.executable, SIMULATOR, "--port", "0", "--profile", profile,
-               "--truth-log", truth, *extra]     # inherits the CPU affinity of this process
-        self.truth = truth
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline() if ready else ""
-        if "listening on" not in line:
-            self.stop()
-            raise RuntimeError("simulator did not start: %s %s" % (line, self.proc.stderr.read()))
-        self.url = line.split()[-1]
-        self.port = int(self.url.rsplit(":", 1)[1])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def records(self) -> List[dict]:
-        with open(self.truth) as fh:
-            return [json.loads(line) for line in fh if line.strip()]
 
 
 def truth_window(records: List[dict], ws: int, we: int) -> Dict[str, float]:
@@ -171,7 +139,8 @@ def level(url: str, c: int, procs: int, seconds: float, max_tokens: int, min_win
 
 
 def bench_fixed(args, out: List[str]) -> List[Row]:
-    sim = Simulator("fixed", os.path.join(args.tmp, "truth-fixed.jsonl"), args.cpus)
+    sim = ServerProcess("--profile", "fixed",
+                        truth_log=os.path.join(args.tmp, "truth-fixed.jsonl"))
     rows, levels = [], []
     try:
         for c in args.levels:
@@ -188,7 +157,7 @@ def bench_fixed(args, out: List[str]) -> List[Row]:
             print("  naive C=%d done" % c, flush=True)
     finally:
         sim.stop()
-    truth = sim.records()
+    truth = sim.truth_records()
     by_id = {rec["id"]: rec for rec in truth}
     read_delay = {}
     for row, reqs in levels:
@@ -234,8 +203,9 @@ def bench_fixed(args, out: List[str]) -> List[Row]:
 
 
 def bench_firehose(args, out: List[str]) -> None:
-    sim = Simulator("firehose", os.path.join(args.tmp, "truth-firehose.jsonl"), args.cpus,
-                    "--firehose-events-per-write", str(args.events_per_write))
+    sim = ServerProcess("--profile", "firehose", "--firehose-events-per-write",
+                        args.events_per_write,
+                        truth_log=os.path.join(args.tmp, "truth-firehose.jsonl"))
     body = {"model": "servelab-sim", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": args.firehose_tokens, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
@@ -257,7 +227,7 @@ def bench_firehose(args, out: List[str]) -> None:
         t1 = time.monotonic_ns()
     finally:
         sim.stop()
-    truth = sim.records()
+    truth = sim.truth_records()
     out.append("### 3. Capacity, `firehose` setting (%d events per server write, 1 token per "
                "event, C=%d, %d tokens per request)\n" % (args.events_per_write, args.firehose_c,
                                                          args.firehose_tokens))

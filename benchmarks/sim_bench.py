@@ -16,33 +16,21 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 
-SIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils",
-                   "servelab", "simulator.py")
-sys.path.insert(0, os.path.dirname(SIM))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils", "servelab"))
+sys.path.insert(0, os.path.join(REPO, "tests"))
 import simulator as sim  # noqa: E402
+from simproc import ServerProcess, ServerStartError  # noqa: E402
 
 
-def start_server(args):
-    proc = subprocess.Popen([sys.executable, SIM, "--port", "0"] + args,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise SystemExit(f"server did not start: {line} {proc.stderr.read()}")
-    return proc, int(line.rsplit(":", 1)[1])
-
-
-def stop_server(proc):
-    proc.terminate()
+def start_server(*args, truth_log=None):
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+        return ServerProcess(*args, truth_log=truth_log)
+    except ServerStartError as exc:
+        raise SystemExit(f"server did not start: {exc}")
 
 
 def cpu_seconds(pid):
@@ -133,15 +121,12 @@ def main(argv=None):
     ap.add_argument("--output-tokens", type=int, default=sim.DEFAULT_OUTPUT_TOKENS)
     args = ap.parse_args(argv)
     if args.what == "firehose":
-        proc, port = start_server(["--profile", "firehose", "--firehose-events-per-write",
-                                   str(args.events_per_write), "--tokens-per-chunk",
-                                   str(args.tokens_per_chunk)])
-        try:
-            cpu0 = cpu_seconds(proc.pid)
-            rate = asyncio.run(firehose(port, args.streams, args.seconds, 20000))
-            cpu = cpu_seconds(proc.pid) - cpu0
-        finally:
-            stop_server(proc)
+        with start_server("--profile", "firehose", "--firehose-events-per-write",
+                          args.events_per_write, "--tokens-per-chunk",
+                          args.tokens_per_chunk) as srv:
+            cpu0 = cpu_seconds(srv.pid)
+            rate = asyncio.run(firehose(srv.port, args.streams, args.seconds, 20000))
+            cpu = cpu_seconds(srv.pid) - cpu0
         print(f"firehose: {rate:,.0f} token events/s to {args.streams} streams "
               f"({args.events_per_write} events/write, {args.tokens_per_chunk} token/event); "
               f"server CPU {cpu / args.seconds:.0%} of one core")
@@ -149,15 +134,12 @@ def main(argv=None):
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         truth = os.path.join(tmp, "truth.jsonl")
-        proc, port = start_server(["--profile", args.profile, "--time-scale",
-                                   str(args.time_scale), "--truth-log", truth])
-        try:
-            cpu0 = cpu_seconds(proc.pid)
-            asyncio.run(closed_loop(port, args.concurrency, args.prompt_tokens,
+        with start_server("--profile", args.profile, "--time-scale", args.time_scale,
+                          truth_log=truth) as srv:
+            cpu0 = cpu_seconds(srv.pid)
+            asyncio.run(closed_loop(srv.port, args.concurrency, args.prompt_tokens,
                                     args.output_tokens, args.seconds))
-            cpu = cpu_seconds(proc.pid) - cpu0
-        finally:
-            stop_server(proc)
+            cpu = cpu_seconds(srv.pid) - cpu0
         live, count = truth_window(truth, args.concurrency)
     pred = sim.predict_level(args.profile, args.concurrency, args.prompt_tokens,
                              args.output_tokens, time_scale=args.time_scale)

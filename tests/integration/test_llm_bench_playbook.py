@@ -12,7 +12,6 @@ import contextlib
 import csv
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -23,28 +22,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FAKE = os.path.join(REPO, "tests", "unit", "test_loadgen_fakeserver.py")
 sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils", "servelab"))
 from results import LEVEL_COLUMNS  # noqa: E402  (the contract file is stdlib-only)
+from simproc import ServerProcess  # noqa: E402
 
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 
 
 @contextlib.contextmanager
 def fake_server(*args):
-    proc = subprocess.Popen([sys.executable, FAKE, "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "fake server did not start"
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield line.split()[-1]
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    with ServerProcess(*args, script=FAKE) as srv:
+        yield srv.url
 
 
 def playbook(tmp_path, url, extra_args="", name="pb.yml"):

@@ -12,11 +12,7 @@ benchmark's job (benchmarks/client_bench.py).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import select
-import subprocess
-import sys
 import time
 
 import pytest
@@ -24,6 +20,7 @@ import pytest
 from ansible.module_utils.servelab.loadgen import LevelConfig, run_level
 from ansible.module_utils.servelab.metrics import percentile, weighted_percentile
 from ansible.module_utils.servelab.workloads import synthetic
+from simproc import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "servelab", "simulator.py")
@@ -34,34 +31,17 @@ pytestmark = pytest.mark.skipif(not os.path.exists(SIMULATOR), reason="simulator
 @contextlib.contextmanager
 def simulator(tmp_path, profile, *extra):
     truth = tmp_path / ("truth-%s-%d.jsonl" % (profile, time.monotonic_ns()))
-    proc = subprocess.Popen([sys.executable, SIMULATOR, "--port", "0", "--profile", profile,
-                             "--truth-log", str(truth), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    box = {}
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        line = proc.stdout.readline() if ready else ""
-        assert "listening on" in line, "simulator did not start: %r" % line
+    with ServerProcess("--profile", profile, *extra, truth_log=truth) as srv:
+        box = {}
 
         def records():
             # The truth log is flushed at shutdown: stop the simulator first.
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
+            srv.stop()
             if "records" not in box:
-                with open(truth) as fh:
-                    box["records"] = [json.loads(x) for x in fh if x.strip()]
+                box["records"] = srv.truth_records()
             return box["records"]
 
-        yield line.split()[-1], records
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        yield srv.url, records
 
 
 def truth_over(records, ws, we):

@@ -11,9 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
-import subprocess
-import sys
 import time
 from collections import defaultdict
 
@@ -23,6 +20,7 @@ from ansible.module_utils.servelab.loadgen import LevelConfig, run_level
 from ansible.module_utils.servelab.loadgen_options import level_failure
 from ansible.module_utils.servelab.metrics import CANCELLED_PREFIX, percentile
 from ansible.module_utils.servelab.workloads import load
+from simproc import ServerProcess
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_loadgen_fakeserver.py")
 
@@ -30,21 +28,8 @@ FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_loadgen_fa
 @contextlib.contextmanager
 def fake_server(tmp_path, *args):
     truth = tmp_path / ("truth-%d.jsonl" % time.monotonic_ns())
-    proc = subprocess.Popen([sys.executable, FAKE, "--port", "0", "--truth-log", str(truth),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "fake server did not start: %s" % proc.stderr.read()
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield line.split()[-1], truth
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with ServerProcess(*args, script=FAKE, truth_log=truth) as srv:
+        yield srv.url, truth
 
 
 def read_truth(path):

@@ -5,72 +5,37 @@ Timing assertions here check the model's correctness (gaps equal the configured 
 stalls), with tolerances wide enough for a shared 2-core machine; speed figures live in
 benchmarks/sim_bench.py.
 """
+import contextlib
 import http.client
 import json
 import math
 import os
-import select
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from ansible.module_utils.servelab import simulator as sim
-
-SIM = os.path.abspath(sim.__file__)
-START_TIMEOUT = 20
-
-
-class Server:
-    def __init__(self, proc, port, truth_path):
-        self.proc, self.port, self.truth_path = proc, port, truth_path
-
-    def truth(self, wait_for=0, timeout=10.0):
-        """Records of the truth log; waits (bounded) until at least `wait_for` are there."""
-        deadline = time.monotonic() + timeout
-        while True:
-            records = []
-            if os.path.exists(self.truth_path):
-                with open(self.truth_path, encoding="utf-8") as fh:
-                    records = [json.loads(line) for line in fh if line.strip()]
-            if len(records) >= wait_for or time.monotonic() > deadline:
-                return records
-            time.sleep(0.1)
+from simproc import ServerProcess
 
 
 @pytest.fixture
 def start_sim(tmp_path):
-    procs = []
+    """start_sim(*args) -> a listening simulator (simproc.ServerProcess) with its own truth log;
+    all of them ended by PID when the test ends, passed or failed."""
+    started = []
+    with contextlib.ExitStack() as running:
+        def start(*args):
+            truth = tmp_path / f"truth{len(started)}.jsonl"
+            srv = running.enter_context(
+                ServerProcess("--host", "127.0.0.1", *args, truth_log=truth))
+            started.append(srv)
+            assert srv.url.startswith("http://127.0.0.1:"), srv.output_tail()
+            return srv
 
-    def start(*args):
-        truth = str(tmp_path / f"truth{len(procs)}.jsonl")
-        cmd = [sys.executable, SIM, "--host", "127.0.0.1", "--port", "0", "--truth-log", truth,
-               *map(str, args)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(proc)
-        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
-        line = proc.stdout.readline() if ready else ""
-        assert line.startswith("servelab-simulator listening on http://127.0.0.1:"), (
-            line, proc.poll())
-        return Server(proc, int(line.strip().rsplit(":", 1)[1]), truth)
-
-    try:
         yield start
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-            proc.stdout.close()
-            proc.stderr.close()
 
 
 def call(port, method, path, body=None, conn=None, timeout=30):
@@ -166,7 +131,7 @@ def test_chat_stream_with_usage_and_done(start_sim):
     assert usage == {"prompt_tokens": math.ceil(len(prompt) / 4), "completion_tokens": 7,
                      "total_tokens": math.ceil(len(prompt) / 4) + 7}
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
-    (record,) = srv.truth(1)
+    (record,) = srv.truth_records(1)
     assert record["id"] == chunks[0]["id"] and record["completion_tokens"] == 7
     assert sum(record["chunk_tokens"]) == 7 and record["error"] is None
     # without include_usage: no usage chunk, still [DONE]
@@ -205,7 +170,7 @@ def test_generate_native_stream_meta_info(start_sim):
     # speculation: multi-token chunks, first chunk (the prefill) one token
     steps = [b - a for a, b in zip([0] + done, done)]
     assert steps[0] == 1 and max(steps) > 1 and len(chunks) < 40
-    (record,) = srv.truth(1)
+    (record,) = srv.truth_records(1)
     assert record["chunk_tokens"] == steps and record["id"] == chunks[0]["meta_info"]["id"]
     status, _, body = call(srv.port, "POST", "/generate",
                            {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {
@@ -269,7 +234,7 @@ def test_fixed_profile_truth_gaps_equal_the_step(start_sim):
     _, events = stream(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 25,
                                                      "ignore_eos": True})
     assert events[-1][1] == "[DONE]"
-    (r,) = srv.truth(1)
+    (r,) = srv.truth_records(1)
     assert r["chunk_tokens"] == [1] * 25
     ttft_ms = (r["t_first_ns"] - r["t_recv_ns"]) / 1e6
     assert 50.0 <= ttft_ms < 50.0 + 40.0
@@ -287,7 +252,7 @@ def test_tokens_per_chunk_forces_multi_token_chunks(start_sim):
         "stream_options": {"include_usage": True}})
     texts = [c["choices"][0]["text"] for c in payloads(events) if c["choices"]]
     assert [len(t) // 4 for t in texts if t] == [3, 3, 3, 1]
-    (r,) = srv.truth(1)
+    (r,) = srv.truth_records(1)
     assert r["chunk_tokens"] == [3, 3, 3, 1] and r["completion_tokens"] == 10
 
 
@@ -307,7 +272,7 @@ def test_queueing_beyond_max_running(start_sim):
     for t in threads:
         t.join(60)
     assert all(events[-1][1] == "[DONE]" for _, events in results)
-    records = srv.truth(4)
+    records = srv.truth_records(4)
     assert len(records) == 4
     spans = [(r["t_admit_ns"], r["t_last_ns"]) for r in records]
     # at any admission, at most 2 requests are in the batch
@@ -323,7 +288,7 @@ def test_speculative_profile_emits_multi_token_chunks(start_sim):
     srv = start_sim("--profile", "eagle3", "--time-scale", "50")
     _, events = stream(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 60,
                                                      "ignore_eos": True})
-    (r,) = srv.truth(1)
+    (r,) = srv.truth_records(1)
     assert sum(r["chunk_tokens"]) == 60 and r["chunk_tokens"][0] == 1
     p = sim.PROFILES["eagle3"]
     assert max(r["chunk_tokens"]) > 1 and max(r["chunk_tokens"]) <= p.spec_num_steps + 1
@@ -340,7 +305,7 @@ def test_continuous_usage_stats_give_each_chunk_its_cumulative_tokens(start_sim)
     body = chat(max_tokens=40, ignore_eos=True,
                 stream_options={"include_usage": True, "continuous_usage_stats": True})
     _, events = stream(srv.port, "/v1/chat/completions", body)
-    (r,) = srv.truth(1)
+    (r,) = srv.truth_records(1)
     content = [c for c in payloads(events)
                if c["choices"] and c["choices"][0]["delta"].get("content")]
     cumulative = [c["usage"]["completion_tokens"] for c in content]
@@ -362,7 +327,7 @@ def test_firehose_writes_several_events_at_once(start_sim):
         max_tokens=200, ignore_eos=True, stream_options={"include_usage": True}))
     chunks = payloads(events)
     assert chunks[-1]["usage"]["completion_tokens"] == 200
-    (r,) = srv.truth(1)
+    (r,) = srv.truth_records(1)
     assert r["chunk_tokens"] == [2] * 100
     assert len(set(r["chunk_ns"])) < 100 // 4        # events share their write's timestamp
 
@@ -407,7 +372,7 @@ def test_truth_log_flushed_while_running_and_at_sigterm(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1")
     call(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3,
                                                "ignore_eos": True})
-    assert len(srv.truth(1, timeout=5)) == 1          # flushed within a second, server alive
+    assert len(srv.truth_records(1, timeout=5)) == 1    # flushed within 1 s, server alive
     assert srv.proc.poll() is None
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
     conn.request("POST", "/v1/completions", body=json.dumps(
@@ -416,7 +381,7 @@ def test_truth_log_flushed_while_running_and_at_sigterm(start_sim):
     resp.readline()
     os.kill(srv.proc.pid, signal.SIGTERM)
     assert srv.proc.wait(10) == 0
-    records = srv.truth(2, timeout=1)
+    records = srv.truth_records(2, timeout=1)
     assert records[-1]["error"] == "server shutting down" and records[-1]["completion_tokens"] > 0
     conn.close()
 
@@ -433,7 +398,7 @@ def test_client_disconnect_is_recorded_and_server_keeps_serving(start_sim):
         received += sock.recv(65536)
     assert b"data: " in received
     sock.close()
-    (r,) = srv.truth(1)
+    (r,) = srv.truth_records(1)
     assert r["error"] == "client disconnected" and r["completion_tokens"] < 1000
     assert call(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
 
@@ -447,7 +412,7 @@ def test_die_after_exits_the_process(start_sim):
     _, events = stream(srv.port, "/v1/completions", body)
     assert events[-1][1] != "[DONE]"                     # cut after the first chunk
     assert srv.proc.wait(10) == sim.EXIT_DIE_AFTER
-    records = srv.truth(3, timeout=1)
+    records = srv.truth_records(3, timeout=1)
     assert [r["error"] for r in records] == [None, None, "server died (--die-after)"]
 
 
@@ -465,7 +430,7 @@ def test_error_rate_gives_http_500_or_a_broken_stream(start_sim):
             assert events[-1][1] == "[DONE]" and "simulated failure" in error["error"]["message"]
             kinds.add("midstream")
     assert kinds == {"http500", "midstream"}
-    records = srv.truth(12)
+    records = srv.truth_records(12)
     assert all(r["error"] and "simulated failure" in r["error"] for r in records)
     clean = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1",
                       "--error-rate", "0")
@@ -479,7 +444,7 @@ def test_stall_every_delays_the_chosen_requests(start_sim):
     body = {"prompt": "x", "max_tokens": 10, "ignore_eos": True}
     for _ in range(2):
         stream(srv.port, "/v1/completions", body)
-    first, second = srv.truth(2)
+    first, second = srv.truth_records(2)
     gaps = lambda r: [(b - a) / 1e6 for a, b in zip(r["chunk_ns"], r["chunk_ns"][1:])]
     assert max(gaps(first)) < 200 and first["stalled_ms"] == 0
     assert max(gaps(second)) >= 400 and second["stalled_ms"] == 400
@@ -499,7 +464,7 @@ def test_malformed_every_sends_one_broken_event(start_sim):
             broken.append(data)
     assert len(broken) == 1
     assert json.loads(events[-2][1])["usage"]["completion_tokens"] == 5
-    assert srv.truth(1)[0]["malformed_chunks"] == 1
+    assert srv.truth_records(1)[0]["malformed_chunks"] == 1
 
 
 # ---- live closed loop against the model ----------------------------------------------------------
