@@ -32,7 +32,8 @@ dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' | grep -E ' (cuda
 for name in cuda cuda-12 cuda-13; do echo "alt $name: $(update-alternatives --query $name 2>/dev/null | grep -E '^(Status|Value):' | tr '\n' ' ')"; done
 find /etc/apt/sources.list.d /etc/apt/keyrings /etc/profile.d /etc/ansible /opt /usr/local -maxdepth 3 \
   -printf '%p %y %l %s\n' 2>/dev/null | sort
-echo "/var/lib/apt/lists $(ls -l --time-style=+%s /var/lib/apt/lists 2>/dev/null | md5sum)"
+# the package lists themselves (a refresh changes them); apt's lock file and partial/ are not state
+echo "/var/lib/apt/lists $(find /var/lib/apt/lists -maxdepth 1 -type f ! -name lock -printf '%f %s %T@\n' 2>/dev/null | sort | md5sum)"
 """
 
 RESET = r"""
