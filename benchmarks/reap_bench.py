@@ -40,6 +40,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "gpu"))
 import gpu_env  # noqa: E402
 
+os.environ.update(gpu_env.NO_MULTICAST_ENV)   # inherited by every GPU process started here
+
 gpu_env.use_module_utils()
 from gpu_fleet import Fleet, alive  # noqa: E402
 from ansible.module_utils.servelab.gpufacts import GpuFactsOptions, collect_gpu_facts  # noqa: E402

@@ -17,6 +17,16 @@ from typing import List, Optional, Tuple
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE_UTILS = os.path.join(REPO, "plugins", "module_utils")
 
+# Every GPU process the checks start keeps NVLink multicast off (NCCL, PyTorch symmetric memory,
+# NVSHMEM): on shared multi-GPU hosts a program using it can take the GPUs out of service.
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def gpu_child_env() -> dict:
+    """The environment for a GPU child process: ours, with multicast off whatever we inherited."""
+    return dict(os.environ, **NO_MULTICAST_ENV)
+
 
 def use_module_utils() -> None:
     try:

@@ -25,6 +25,8 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
+from gpu_env import gpu_child_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "gpu_worker.py")
 READY_TIMEOUT = 300.0
@@ -75,7 +77,7 @@ class Fleet:
         log = open(os.path.join(self.dir, "log-%d-%s" % (self._n, role)), "w")
         proc = subprocess.Popen([sys.executable, WORKER] + self.args(role, *extra)
                                 + ["--ready", ready],
-                                stdout=log, stderr=subprocess.STDOUT,
+                                stdout=log, stderr=subprocess.STDOUT, env=gpu_child_env(),
                                 start_new_session=new_session)
         log.close()
         self.popens.append(proc)

@@ -21,6 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gpu_env  # noqa: E402
 
+os.environ.update(gpu_env.NO_MULTICAST_ENV)   # inherited by every GPU process started here
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -25,6 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))        # tests/gpu: gpu_env
 import gpu_env  # noqa: E402
 
+os.environ.update(gpu_env.NO_MULTICAST_ENV)   # inherited by the engine and every GPU process here
+
 gpu_env.use_module_utils()
 
 from ansible.module_utils.servelab.results import atomic_write_json, atomic_write_text  # noqa: E402
