@@ -25,8 +25,11 @@ $(STAMP): requirements.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
 	touch $@
 
+# The dependencies from requirements.yml, and this checkout itself as servelab.serving (a link),
+# so playbooks, ansible-test and pytest resolve `servelab.serving.*` to the working tree.
 $(COLL_STAMP): requirements.yml tools/install_collections.py $(STAMP)
 	$(BIN)/python tools/install_collections.py requirements.yml collections
+	$(BIN)/python tools/collection_link.py collections
 	touch $@
 
 # Only the test lab (real LXC containers; needs root).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How accurate, how cheap and how fast is servelab's load generator? (prints figures; no asserts)
 
-Against the simulator (plugins/module_utils/servelab/simulator.py), which logs when it really
+Against the simulator (plugins/module_utils/simulator.py), which logs when it really
 received every request and emitted every chunk (server CLOCK_MONOTONIC, the same clock as the
 client's on one machine), it measures:
 
@@ -27,36 +27,21 @@ import os
 import platform
 import sys
 import time
-import types
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-MU = os.path.join(REPO, "plugins", "module_utils")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 
-def _import_servelab():
-    """`ansible.module_utils.servelab` from this checkout, with or without ansible installed."""
-    try:
-        import ansible.module_utils as amu
-    except ImportError:
-        ansible = types.ModuleType("ansible")
-        ansible.__path__ = []
-        amu = types.ModuleType("ansible.module_utils")
-        amu.__path__ = []
-        sys.modules["ansible"] = ansible
-        sys.modules["ansible.module_utils"] = amu
-    if MU not in amu.__path__:
-        amu.__path__.append(MU)
-
-
-_import_servelab()
-from ansible.module_utils.servelab.loadgen import LevelConfig, run_level  # noqa: E402
-from ansible.module_utils.servelab.metrics import percentile  # noqa: E402
-from ansible.module_utils.servelab.workloads import synthetic  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import collection_link  # noqa: E402
+collection_link.importable()
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import percentile  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import synthetic  # noqa: E402
 
 import client_baselines  # noqa: E402
 # The simulator as a child process, ended by PID; it inherits this process's CPU affinity (--cpus).

@@ -44,12 +44,12 @@ os.environ.update(gpu_env.NO_MULTICAST_ENV)   # inherited by every GPU process s
 
 gpu_env.use_module_utils()
 from gpu_fleet import Fleet, alive  # noqa: E402
-from ansible.module_utils.servelab.gpufacts import GpuFactsOptions, collect_gpu_facts  # noqa: E402
-from ansible.module_utils.servelab.gpufacts_query import open_backend  # noqa: E402
-from ansible.module_utils.servelab.procscan import (  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.facts import GpuFactsOptions, collect_gpu_facts  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import open_backend  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (  # noqa: E402
     DeviceMatcher, find_device_holders, scan_processes,
 )
-from ansible.module_utils.servelab.reaper import ReapOptions, reap  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapOptions, reap  # noqa: E402
 
 GOAL_SECONDS = 1.5
 THRESHOLD_MIB = 256

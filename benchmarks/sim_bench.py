@@ -20,9 +20,11 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils", "servelab"))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-import simulator as sim  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import collection_link  # noqa: E402
+collection_link.importable()
+from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim  # noqa: E402
 from simproc import ServerProcess, ServerStartError  # noqa: E402
 
 

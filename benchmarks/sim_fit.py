@@ -18,9 +18,11 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins",
-                                "module_utils", "servelab"))
-import simulator as sim  # noqa: E402  (a standalone file by design)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import collection_link  # noqa: E402
+collection_link.importable()
+from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim  # noqa: E402
 
 FREE = ("moe_ms", "request_overhead_ms", "baseline_per_req_ms", "eagle3_per_req_ms")
 

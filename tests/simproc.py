@@ -24,7 +24,7 @@ import time
 from typing import List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "servelab", "simulator.py")
+SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
 
 # `servelab-simulator listening on http://127.0.0.1:PORT`, `fakeserver listening on ...`
 LISTENING = re.compile(r"listening on (http://\S+:(\d+))\s*$")

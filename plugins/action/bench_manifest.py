@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """bench_manifest: deep-merge a dict into results/<run_id>/manifest.json, on the controller.
 
-Thin wrapper: the logic is plugins/module_utils/servelab/manifest.py. The documentation is
+Thin wrapper: the logic is plugins/plugin_utils/manifest.py. The documentation is
 plugins/modules/bench_manifest.py, as ansible-core does for action-only plugins.
 """
 
@@ -10,27 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import ansible.module_utils
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 
-def _add_servelab_module_utils() -> None:
-    """Make `ansible.module_utils.servelab` importable in the controller process.
 
-    Ansible ships module_utils to targets for modules, but an action plugin runs in the
-    controller's own Python, where the `module_utils` setting of ansible.cfg is not on the import
-    path; the repo's plugins/module_utils sits beside this file's directory.
-    """
-    here = os.path.dirname(os.path.abspath(__file__))
-    module_utils = os.path.join(os.path.dirname(here), "module_utils")
-    if module_utils not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(module_utils)
-
-
-_add_servelab_module_utils()
-
-from ansible.module_utils.servelab.manifest import ManifestError, merge_into_manifest  # noqa: E402
+from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, merge_into_manifest
 
 ARGUMENT_SPEC = {
     "results_dir": {"type": "path", "required": True},

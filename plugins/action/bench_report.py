@@ -9,27 +9,12 @@ from __future__ import annotations
 
 import os
 
-import ansible.module_utils
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 
-def _add_servelab_module_utils() -> None:
-    """Make `ansible.module_utils.servelab` importable in the controller process.
 
-    Ansible ships module_utils to targets for modules, but an action plugin runs in the
-    controller's own Python, where the `module_utils` setting of ansible.cfg is not on the import
-    path; the repo's plugins/module_utils sits beside this file's directory.
-    """
-    here = os.path.dirname(os.path.abspath(__file__))
-    module_utils = os.path.join(os.path.dirname(here), "module_utils")
-    if module_utils not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(module_utils)
-
-
-_add_servelab_module_utils()
-
-from ansible.module_utils.servelab.report import ReportError, build_report, write_report  # noqa: E402
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import ReportError, build_report, write_report
 
 ARGUMENT_SPEC = {
     "results_dir": {"type": "path", "required": True},

@@ -13,31 +13,20 @@ from __future__ import annotations
 import os
 import time
 
-import ansible.module_utils
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 
-def _add_servelab_module_utils() -> None:
-    """Make `ansible.module_utils.servelab` importable in the controller process (an action
-    plugin runs in the controller's Python, where ansible.cfg's module_utils is not on the path)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    module_utils = os.path.join(os.path.dirname(here), "module_utils")
-    if module_utils not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(module_utils)
 
-
-_add_servelab_module_utils()
-
-from ansible.module_utils.servelab.loadgen_options import (  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
     ACTION_ONLY_OPTIONS, BenchOptionsError, level_configs, level_failure,
 )
-from ansible.module_utils.servelab.loadgen_results import (  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     rebuild_run_files, write_level_files,
 )
-from ansible.module_utils.servelab.manifest import ManifestError, run_lock  # noqa: E402
-from ansible.module_utils.servelab.results import PARTS_DIR  # noqa: E402
+from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, run_lock
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PARTS_DIR
 
 display = Display()
 
@@ -107,7 +96,7 @@ class ActionModule(ActionBase):
         parts_dir = os.path.join(run_dir, PARTS_DIR)
         if self._task.check_mode:
             module_args["concurrency"] = module_args["concurrency"][:1]
-            checked = self._execute_module(module_name="llm_bench", module_args=module_args,
+            checked = self._execute_module(module_name="servelab.serving.llm_bench", module_args=module_args,
                                            task_vars=task_vars)
             result.update(checked)
             result.update(changed=False, levels=[], results_dir=run_dir)
@@ -125,7 +114,7 @@ class ActionModule(ActionBase):
             display.display("llm_bench %s/%s %s: running (window %ss) on %s" % (
                 args["host_label"], args.get("profile", "default"), label,
                 args.get("level_seconds", 30), task_vars.get("inventory_hostname")))
-            res = self._execute_module(module_name="llm_bench", module_args=level_args,
+            res = self._execute_module(module_name="servelab.serving.llm_bench", module_args=level_args,
                                        task_vars=task_vars)
             rows = res.get("levels") or []
             for row in rows:

@@ -93,8 +93,8 @@ gpu_facts:
 import dataclasses
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.servelab.gpufacts import GpuFactsOptions, collect_gpu_facts
-from ansible.module_utils.servelab.gpufacts_venv import VenvError
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.facts import GpuFactsOptions, collect_gpu_facts
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.venv import VenvError
 
 
 def main() -> None:

@@ -259,9 +259,9 @@ phases:
 import dataclasses
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.servelab.reaper import ReapOptions, reap
-from ansible.module_utils.servelab.reaper_cgroup import DEFAULT_CONTAINER_CGROUP_GLOBS
-from ansible.module_utils.servelab.reaper_select import DEFAULT_PATTERNS
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapOptions, reap
+from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup_scan import DEFAULT_CONTAINER_CGROUP_GLOBS
+from ansible_collections.servelab.serving.plugins.module_utils.proc.select import DEFAULT_PATTERNS
 
 
 def _lines(reports) -> str:

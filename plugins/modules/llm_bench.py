@@ -23,7 +23,7 @@ description:
     C(levels.csv) and C(requests.jsonl) under the run's lock. A level whose requests all failed
     stops the sweep for that profile (the task fails with the reason); finished levels are kept."
   - The load generator uses the Python standard library only (bare bench clients work).
-  - "Definitions (each defined once, in module_utils/servelab/metrics.py): TTFT = send to first
+  - "Definitions (each defined once, in plugins/module_utils/loadgen/metrics.py): TTFT = send to first
     chunk with generated tokens; TPOT = (last - first) / (completion_tokens - 1); ITL per token,
     a chunk of k tokens giving k samples of gap/k (labelled C(itl_basis=chunk) when the server does
     not report per-chunk counts); tokens as reported by the server, never the requested maximum."
@@ -251,10 +251,10 @@ results_dir:
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.servelab.loadgen_options import (  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (  # noqa: E402
     BenchOptionsError, level_configs, run_levels,
 )
-from ansible.module_utils.servelab.loadgen_results import write_level_files  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files  # noqa: E402
 
 ARGUMENT_SPEC = dict(
     base_url=dict(type="str", required=True),

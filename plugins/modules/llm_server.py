@@ -20,7 +20,7 @@ description:
     port is free.
   - Log lines saying a requested feature was skipped (for example SGLang's
     "Skipping allreduce fusion") are returned in C(features_skipped), because a flag is not proof.
-  - The simulator engine runs C(plugins/module_utils/servelab/simulator.py), shipped with this
+  - The simulator engine runs C(plugins/module_utils/simulator.py), shipped with this
     module and written to C(<state_dir>/<name>/servelab_simulator.py).
 version_added: "0.1.0"
 author: servelab
@@ -257,7 +257,7 @@ stopped:
 from ansible.module_utils.basic import AnsibleModule
 # server_manager imports server_simulator, which imports servelab/simulator.py: AnsiballZ follows
 # module_utils imports recursively, so the simulator ships with this module.
-from ansible.module_utils.servelab.server_manager import ServerError, ServerRequest, run
+from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerError, ServerRequest, run
 
 
 ARGUMENT_SPEC = dict(

@@ -1,8 +1,7 @@
 """What the GPU checks need from their machine, without Ansible or pytest installed there.
 
-- `use_module_utils()` makes `ansible.module_utils.servelab.*` importable from this checkout:
-  through the real ansible package when it is installed, else through a stand-in package
-  object whose path is plugins/module_utils (the code under test imports itself that way).
+- `use_module_utils()` makes `ansible_collections.servelab.serving.*` importable from this
+  checkout (the collection link under collections/), with or without Ansible installed.
 - `gpu_present()` says whether an NVIDIA GPU with a working driver is here, and if not why.
 """
 from __future__ import annotations
@@ -15,7 +14,6 @@ import types
 from typing import List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODULE_UTILS = os.path.join(REPO, "plugins", "module_utils")
 
 # Every GPU process the checks start keeps NVLink multicast off (NCCL, PyTorch symmetric memory,
 # NVSHMEM): on shared multi-GPU hosts a program using it can take the GPUs out of service.
@@ -29,18 +27,13 @@ def gpu_child_env() -> dict:
 
 
 def use_module_utils() -> None:
-    try:
-        import ansible.module_utils as mu
-    except ImportError:
-        ansible = sys.modules.get("ansible") or types.ModuleType("ansible")
-        ansible.__path__ = []
-        mu = types.ModuleType("ansible.module_utils")
-        mu.__path__ = []
-        ansible.module_utils = mu
-        sys.modules["ansible"] = ansible
-        sys.modules["ansible.module_utils"] = mu
-    if MODULE_UTILS not in mu.__path__:
-        mu.__path__.append(MODULE_UTILS)
+    """Make `ansible_collections.servelab.serving.*` importable from this checkout, with or
+    without Ansible installed: a namespace-package path through the collection link."""
+    tools = os.path.join(REPO, "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import collection_link
+    collection_link.importable()
 
 
 def gpu_present() -> Tuple[bool, str]:

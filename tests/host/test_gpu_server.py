@@ -14,7 +14,7 @@ from hostcheck import driver_version, main_section, nvidia_mounts, proxmox_host_
 
 GROUP = "gpu_servers"
 
-# One command in the container: llm_server's state files (plugins/module_utils/servelab/server_state.py)
+# One command in the container: llm_server's state files (plugins/module_utils/server/state.py)
 # and, for each, whether its PID still is that process (start time) and its port answers.
 SERVER_PROBE = r"""
 import glob, json, os, socket

@@ -15,7 +15,8 @@ import statistics
 import ansible_runner
 import pytest
 
-from ansible.module_utils.servelab import results, simulator
+from ansible_collections.servelab.serving.plugins.module_utils import simulator
+from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")

@@ -18,8 +18,7 @@ import textwrap
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils", "servelab"))
-from results import LEVEL_COLUMNS  # noqa: E402  (the contract file is stdlib-only)
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS  # noqa: E402
 
 LEVELS = [1, 2, 4, 8, 16]
 HOSTS = [f"w{i}" for i in range(6)]
@@ -62,7 +61,7 @@ PLAYBOOK = textwrap.dedent("""\
       gather_facts: false
       tasks:
         - name: "servelab: record {{ inventory_hostname }}"
-          bench_manifest:
+          servelab.serving.bench_manifest:
             results_dir: "{{ run_dir }}"
             merge:
               hosts: "{{ {inventory_hostname: {'k' ~ item: item}} }}"
@@ -73,7 +72,7 @@ PLAYBOOK = textwrap.dedent("""\
       gather_facts: false
       tasks:
         - name: Record the time scale and point latest at the run
-          bench_manifest:
+          servelab.serving.bench_manifest:
             results_dir: "{{ run_dir }}"
             create_latest_link: true
             merge:
@@ -82,19 +81,19 @@ PLAYBOOK = textwrap.dedent("""\
                 eagle3: {localhost: {engine: simulator, time_scale: "{{ time_scale }}"}}
 
         - name: "servelab: report"
-          bench_report:
+          servelab.serving.bench_report:
             results_dir: "{{ run_dir }}"
           register: first
 
         - name: Report again (nothing may change)
-          bench_report:
+          servelab.serving.bench_report:
             results_dir: "{{ run_dir }}"
           register: second
 
         - name: A report that fails, rescued (as the bench role rescues a failed profile)
           block:
             - name: "servelab: report a directory without levels.csv"
-              bench_report:
+              servelab.serving.bench_report:
                 results_dir: "{{ empty_dir }}"
               register: missing
           rescue:
@@ -103,7 +102,7 @@ PLAYBOOK = textwrap.dedent("""\
                 rescued: true
 
         - name: Report in check mode
-          bench_report:
+          servelab.serving.bench_report:
             results_dir: "{{ check_dir }}"
           check_mode: true
           register: checked
@@ -142,7 +141,7 @@ def play(tmp_path_factory):
         os.environ,
         ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
         PATH=os.path.join(REPO, ".venv", "bin") + os.pathsep + os.environ.get("PATH", ""),
-        ANSIBLE_CALLBACKS_ENABLED="servelab",
+        ANSIBLE_CALLBACKS_ENABLED="servelab.serving.progress",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_FORCE_COLOR="0",
     )

@@ -20,8 +20,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE = os.path.join(REPO, "tests", "unit", "test_loadgen_fakeserver.py")
-sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils", "servelab"))
-from results import LEVEL_COLUMNS  # noqa: E402  (the contract file is stdlib-only)
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS  # noqa: E402
 from simproc import ServerProcess  # noqa: E402
 
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -39,7 +38,7 @@ def playbook(tmp_path, url, extra_args="", name="pb.yml"):
           gather_facts: false
           tasks:
             - name: "servelab: sweep"
-              llm_bench:
+              servelab.serving.llm_bench:
                 base_url: "{url}"
                 model: m
                 profile: baseline

@@ -17,13 +17,13 @@ import time
 
 import pytest
 
-from ansible.module_utils.servelab.loadgen import LevelConfig, run_level
-from ansible.module_utils.servelab.metrics import percentile, weighted_percentile
-from ansible.module_utils.servelab.workloads import synthetic
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import percentile, weighted_percentile
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import synthetic
 from simproc import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "servelab", "simulator.py")
+SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SIMULATOR), reason="simulator not present")
 

@@ -14,8 +14,9 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.servelab import launcher_procs, server_ports, server_state
-from ansible.module_utils.servelab.server_manager import ServerError, ServerRequest, run
+from ansible_collections.servelab.serving.plugins.module_utils.proc import tree as launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports, state as server_state
+from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerError, ServerRequest, run
 
 FAKE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "data", "sglang",
                                     "fake_openai_server.py"))
@@ -235,7 +236,7 @@ def test_env_is_passed_and_recorded(lab):
 
 
 def test_simulator_engine_runs_the_materialised_source(lab):
-    """A stand-in source (the fake server) until plugins/module_utils/servelab/simulator.py is
+    """A stand-in source (the fake server) until plugins/module_utils/simulator.py is
     the thing shipped; the mechanism is the same."""
     name, port = unique("sim"), free_port()
     source = open(FAKE).read()

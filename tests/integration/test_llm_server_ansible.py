@@ -14,11 +14,12 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.servelab import launcher_procs, server_state
+from ansible_collections.servelab.serving.plugins.module_utils.proc import tree as launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.server import state as server_state
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE = os.path.join(REPO, "tests", "data", "sglang", "fake_openai_server.py")
-SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "servelab", "simulator.py")
+SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
 
 PLAYBOOK = """
 - hosts: localhost
@@ -33,21 +34,21 @@ PLAYBOOK = """
                 "--served-model-name", "{{model}}", "--listen-early", "1"]
   tasks:
     - name: start
-      llm_server: {{name: "{name}", engine: command, port: {port}, state_dir: "{state_dir}",
+      servelab.serving.llm_server: {{name: "{name}", engine: command, port: {port}, state_dir: "{state_dir}",
                    profile: "{{{{ fake_profile }}}}", env: {{CUDA_HOME: /usr/local/cuda-13.0}},
                    ready_timeout: 120}}
       register: first
     - name: start again, same config
-      llm_server: {{name: "{name}", engine: command, port: {port}, state_dir: "{state_dir}",
+      servelab.serving.llm_server: {{name: "{name}", engine: command, port: {port}, state_dir: "{state_dir}",
                    profile: "{{{{ fake_profile }}}}", env: {{CUDA_HOME: /usr/local/cuda-13.0}}}}
       register: second
     - name: another config, check mode
-      llm_server: {{name: "{name}", engine: command, port: {port}, state_dir: "{state_dir}",
+      servelab.serving.llm_server: {{name: "{name}", engine: command, port: {port}, state_dir: "{state_dir}",
                    profile: "{{{{ fake_profile | combine({{'model': 'other'}}) }}}}"}}
       check_mode: true
       register: third
     - name: a server that dies
-      llm_server:
+      servelab.serving.llm_server:
         name: "{name}-dies"
         engine: command
         port: {port2}
@@ -59,12 +60,12 @@ PLAYBOOK = """
       register: dies
       ignore_errors: true
     - name: a bad profile
-      llm_server: {{name: "{name}-bad", engine: sglang, port: {port2}, state_dir: "{state_dir}",
+      servelab.serving.llm_server: {{name: "{name}-bad", engine: sglang, port: {port2}, state_dir: "{state_dir}",
                    engine_version: "0.5.23", profile: {{base: eagle3, model: /m}}}}
       register: bad
       ignore_errors: true
     - name: stop
-      llm_server: {{name: "{name}", state: stopped, state_dir: "{state_dir}"}}
+      servelab.serving.llm_server: {{name: "{name}", state: stopped, state_dir: "{state_dir}"}}
       register: fourth
     - name: keep the results for the test
       copy:
@@ -144,7 +145,7 @@ SIM_PLAYBOOK = """
   vars:
     ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
   tasks:
-    - llm_server:
+    - servelab.serving.llm_server:
         name: "{name}"
         engine: simulator
         port: {port}
@@ -152,13 +153,13 @@ SIM_PLAYBOOK = """
         profile: {{name: baseline, simulator: {{profile: baseline, time_scale: 20}}}}
         ready_timeout: 120
       register: sim
-    - llm_server: {{name: "{name}", state: stopped, state_dir: "{state_dir}"}}
+    - servelab.serving.llm_server: {{name: "{name}", state: stopped, state_dir: "{state_dir}"}}
     - copy: {{content: "{{{{ sim | to_json }}}}", dest: "{out}"}}
 """
 
 
 @pytest.mark.skipif(not os.path.exists(SIMULATOR),
-                    reason="plugins/module_utils/servelab/simulator.py is not in this checkout yet")
+                    reason="plugins/module_utils/simulator.py is not in this checkout yet")
 def test_simulator_is_shipped_by_ansiballz_and_runs(tmp_path, cleanup):
     state_dir, names = cleanup
     name = f"sim-{uuid.uuid4().hex[:8]}"

@@ -2,16 +2,11 @@
 builds), pip's index arguments and the verify checks. The lab tests run the role itself."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "sglang"
-spec = importlib.util.spec_from_file_location("sglang_filters", ROLE / "filter_plugins" / "sglang.py")
-filters = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(filters)
+from ansible_collections.servelab.serving.plugins.filter import sglang as filters
 
 VERSIONS = {"sglang": "0.5.10", "torch": "2.9.1", "flashinfer": "0.6.7.post2"}
 PINS = filters.requirements(VERSIONS, "13.0")["versions"]

@@ -3,16 +3,11 @@ update-alternatives' answer, the verify checks and the before/after table. The l
 (tests/lab/test_cuda_upgrade.py) run the role itself."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "cuda_toolkit"
-spec = importlib.util.spec_from_file_location("cuda_toolkit_filters", ROLE / "filter_plugins" / "cuda_toolkit.py")
-filters = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(filters)
+from ansible_collections.servelab.serving.plugins.filter import cuda_toolkit as filters
 
 FLOORS = {"12": "525", "13": "580"}
 T13 = filters.target("13.0.1")

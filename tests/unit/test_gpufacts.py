@@ -13,9 +13,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_reap_helpers import assert_doc_matches_spec, run_playbook, task_results  # noqa: E402,E501
 
-from ansible.module_utils.servelab.gpufacts import GpuFactsOptions, collect_gpu_facts  # noqa: E402
-from ansible.module_utils.servelab.gpufacts_query import NvmlBackend, BackendUnavailable  # noqa: E402
-from ansible.module_utils.servelab.gpufacts_venv import VenvError  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.facts import GpuFactsOptions, collect_gpu_facts  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import NvmlBackend, BackendUnavailable  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.venv import VenvError  # noqa: E402
 
 GPUS = [
     {"index": "0", "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
@@ -229,19 +229,19 @@ PLAY = """
   gather_facts: false
   tasks:
     - name: facts
-      gpu_facts:
+      servelab.serving.gpu_facts:
         nvidia_smi: "{smi}"
         backend: nvidia-smi
         cuda_root: "{root}"
         venv: "{venv}"
       check_mode: true
     - name: no driver
-      gpu_facts:
+      servelab.serving.gpu_facts:
         nvidia_smi: "{tmp}/absent-nvidia-smi"
         backend: nvidia-smi
         cuda_root: "{tmp}"
     - name: bad venv
-      gpu_facts:
+      servelab.serving.gpu_facts:
         venv: "{tmp}/nope"
       ignore_errors: true
 """

@@ -10,7 +10,7 @@ spacing, chunks split across writes, HTTP errors. The truth log has one JSON lin
 t_recv_ns, t_first_ns, t_last_ns, chunks [[t_emit_ns, tokens], ...] (CLOCK_MONOTONIC, shared with
 the client on the same machine).
 
-The simulator (plugins/module_utils/servelab/simulator.py) is the reference server for accuracy;
+The simulator (plugins/module_utils/simulator.py) is the reference server for accuracy;
 this one exists to exercise protocol corners the simulator does not produce.
 """
 import argparse

@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from ansible.module_utils.servelab.loadgen_http import (
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
     Endpoint, StreamConnection, request_body,
 )
-from ansible.module_utils.servelab.metrics import RequestTiming, TOKENS_CHUNKS, TOKENS_SERVER
-from ansible.module_utils.servelab.workloads import Prompt
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import RequestTiming, TOKENS_CHUNKS, TOKENS_SERVER
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import Prompt
 
 
 class FakeTransport:

@@ -16,10 +16,10 @@ from collections import defaultdict
 
 import pytest
 
-from ansible.module_utils.servelab.loadgen import LevelConfig, run_level
-from ansible.module_utils.servelab.loadgen_options import level_failure
-from ansible.module_utils.servelab.metrics import CANCELLED_PREFIX, percentile
-from ansible.module_utils.servelab.workloads import load
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import level_failure
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX, percentile
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
 from simproc import ServerProcess
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_loadgen_fakeserver.py")

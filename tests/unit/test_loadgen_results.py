@@ -6,11 +6,11 @@ import json
 import multiprocessing
 import os
 
-from ansible.module_utils.servelab.loadgen_results import (
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     EXTRA_COLUMNS, part_stem, read_parts, rebuild_run_files, write_level_files,
 )
-from ansible.module_utils.servelab.manifest import run_lock
-from ansible.module_utils.servelab.results import LEVEL_COLUMNS, LEVELS, PARTS_DIR, REQUESTS
+from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import run_lock
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS, LEVELS, PARTS_DIR, REQUESTS
 
 
 def row(host, profile, c, **extra):

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from ansible.module_utils.servelab.loadgen_options import (
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
     BenchOptionsError, level_configs, level_failure,
 )
-from ansible.module_utils.servelab.workloads import WorkloadError, builtin, load, synthetic
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import WorkloadError, builtin, load, synthetic
 
 
 def test_builtin_set_is_varied_coding_and_agentic_prompts():
@@ -107,7 +107,7 @@ def test_level_failure_rule():
 def test_synthetic_input_tokens_mean_the_same_to_the_simulator():
     """`input_tokens` is honoured by the simulator's token rule (one 4-byte word per token), so
     the embedded default sends the prompt length the field fit assumes."""
-    from ansible.module_utils.servelab import simulator
+    from ansible_collections.servelab.serving.plugins.module_utils import simulator
     for n in (16, 2048):
         for prompt in synthetic(input_tokens=n, output_tokens=8, count=5, seed=3).prompts:
             counted = simulator.prompt_tokens_for_text(prompt.messages[0]["content"])

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from ansible.module_utils.servelab.manifest import (
+from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import (
     ManifestError,
     deep_merge,
     git_commit,
@@ -18,7 +18,7 @@ from ansible.module_utils.servelab.manifest import (
     run_lock,
     update_latest_link,
 )
-from ansible.module_utils.servelab.results import LATEST_LINK, MANIFEST
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LATEST_LINK, MANIFEST
 
 
 def test_deep_merge_merges_dicts_and_replaces_the_rest():

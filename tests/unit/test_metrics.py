@@ -1,4 +1,4 @@
-"""The measurement definitions of DESIGN 5 (plugins/module_utils/servelab/metrics.py)."""
+"""The measurement definitions of DESIGN 5 (plugins/module_utils/loadgen/metrics.py)."""
 from __future__ import annotations
 
 import math
@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from ansible.module_utils.servelab.metrics import (
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     CANCELLED_PREFIX, ITL_BASIS_CHUNK, ITL_BASIS_TOKEN, LevelPart, NS_PER_MS, NS_PER_S,
     RequestTiming, TOKENS_CHUNKS, TOKENS_SERVER, batch_means_ci95, e2e_ns, itl_samples,
     level_row, meets_slo, percentile, reduce_requests, request_row, t975, tpot_ns, ttft_ns,
     weighted_percentile,
 )
-from ansible.module_utils.servelab.results import LEVEL_COLUMNS, REQUEST_FIELDS
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS, REQUEST_FIELDS
 
 MS = NS_PER_MS
 

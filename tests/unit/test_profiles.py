@@ -1,7 +1,7 @@
 """Profiles: built-in bases, merging, and validation that names the key and the fix."""
 import pytest
 
-from ansible.module_utils.servelab.profiles import (BUILTIN_PROFILES, ProfileError,
+from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import (BUILTIN_PROFILES, ProfileError,
                                                     resolve_profile)
 
 

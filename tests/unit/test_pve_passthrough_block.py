@@ -2,34 +2,19 @@
 its module, and the role's filters. The lab tests (tests/lab) run the same code on a real host."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
-from pathlib import Path
 
-import ansible.module_utils
 import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "proxmox_gpu_passthrough"
-# The role ships its own module_utils: make `ansible.module_utils.pve_gpu_passthrough` resolve to it,
-# as Ansible does when it builds the module.
-if str(ROLE / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROLE / "module_utils"))
-
-from ansible.module_utils.pve_gpu_passthrough import (  # noqa: E402
+from ansible_collections.servelab.serving.plugins.filter import proxmox_gpu_passthrough as filters
+from ansible_collections.servelab.serving.plugins.module_utils.pve.passthrough import (
     PassthroughError, apply_block, parse_proc_devices, render_block, resolve_nodes, split_sections)
 
 
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-filters = load(ROLE / "filter_plugins" / "proxmox_gpu_passthrough.py", "pgp_filters")
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -199,7 +184,7 @@ class ModuleExit(Exception):
 
 @pytest.fixture
 def run_module(monkeypatch):
-    module = load(ROLE / "library" / "pve_lxc_gpu_passthrough.py", "pve_lxc_gpu_passthrough")
+    from ansible_collections.servelab.serving.plugins.modules import pve_lxc_gpu_passthrough as module
     def stop_with(kind):
         def handler(self, **result):
             raise ModuleExit(kind, result)

@@ -16,11 +16,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_reap_helpers import Spawner, alive, all_pids, wait_until  # noqa: E402
 
-from ansible.module_utils.servelab.procscan import (  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (  # noqa: E402
     DeviceMatcher, find_device_holders, scan_processes,
 )
-from ansible.module_utils.servelab.reaper import ReapInputError, ReapOptions, reap  # noqa: E402
-from ansible.module_utils.servelab.reaper_cgroup import v2_root  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapInputError, ReapOptions, reap  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup_scan import v2_root  # noqa: E402
 
 
 @pytest.fixture

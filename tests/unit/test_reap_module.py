@@ -36,22 +36,22 @@ PLAY = """
       gpu_backend: none
   tasks:
     - name: plan
-      gpu_reap: *reap
+      servelab.serving.gpu_reap: *reap
       check_mode: true
       diff: true
       register: plan
     - name: reap
-      gpu_reap: *reap
+      servelab.serving.gpu_reap: *reap
       diff: true
     - name: again
-      gpu_reap: *reap
+      servelab.serving.gpu_reap: *reap
     - name: bad regex
-      gpu_reap:
+      servelab.serving.gpu_reap:
         patterns: ["("]
         device_glob: "{glob}"
       ignore_errors: true
     - name: bad baseline
-      gpu_reap:
+      servelab.serving.gpu_reap:
         device_glob: "{glob}"
         patterns: []
         memory_baseline_mib: plenty

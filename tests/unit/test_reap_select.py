@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible.module_utils.servelab.procscan import DeviceHit, ProcInfo, parse_stat
-from ansible.module_utils.servelab.reaper_select import (
+from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import DeviceHit, ProcInfo, parse_stat
+from ansible_collections.servelab.serving.plugins.module_utils.proc.select import (
     DEFAULT_PATTERNS, SelectionPolicy, compile_patterns, select_targets,
 )
 

@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from ansible.module_utils.servelab.report import ReportError, build_report
-from ansible.module_utils.servelab.results import LEVEL_COLUMNS, LEVELS, MANIFEST
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import ReportError, build_report
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS, LEVELS, MANIFEST
 
 LEVELS_SWEEP = [1, 2, 4, 8, 16, 32]
 

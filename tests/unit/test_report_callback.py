@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import servelab as servelab_callback  # plugins/callback/servelab.py (conftest puts it on sys.path)
+from ansible_collections.servelab.serving.plugins.callback import progress as servelab_callback
 
 
 class CapturingDisplay:

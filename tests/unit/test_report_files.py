@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from ansible.module_utils.servelab.report import build_report, write_report
-from ansible.module_utils.servelab.results import (
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report, write_report
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     LEVEL_COLUMNS,
     LEVELS,
     PLOTS_DIR,

@@ -13,10 +13,10 @@ import os
 
 import pytest
 
-from ansible.module_utils.servelab.loadgen_results import levels_csv
-from ansible.module_utils.servelab.metrics import LevelRow
-from ansible.module_utils.servelab.report import build_report
-from ansible.module_utils.servelab.results import LEVELS
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import levels_csv
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelRow
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVELS
 
 SWEEP = [1, 2, 5, 10, 30]
 

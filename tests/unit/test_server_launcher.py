@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.servelab import launcher, launcher_cgroup, launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.server import launcher
+from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as launcher_cgroup, tree as launcher_procs
 
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
 TERM_IGNORER = [sys.executable, "-c",

@@ -2,9 +2,9 @@
 read; the argument_spec is what runs)."""
 import yaml
 
-import llm_server
-from ansible.module_utils.servelab.server_manager import ServerRequest
-from ansible.module_utils.servelab.server_render import ENGINES
+from ansible_collections.servelab.serving.plugins.modules import llm_server
+from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerRequest
+from ansible_collections.servelab.serving.plugins.module_utils.server.render import ENGINES
 
 
 def test_documented_options_match_the_argument_spec():

@@ -2,8 +2,8 @@
 import os
 import socket
 
-from ansible.module_utils.servelab import server_ports
-from ansible.module_utils.servelab.server_logscan import scan_lines, scan_log
+from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports
+from ansible_collections.servelab.serving.plugins.module_utils.server.logscan import scan_lines, scan_log
 
 
 def test_a_listening_socket_is_found_with_its_owner():

@@ -6,8 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible.module_utils.servelab.profiles import ReadyCheck
-from ansible.module_utils.servelab.server_ready import NotReady, log_tail, probe, wait_ready
+from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import ReadyCheck
+from ansible_collections.servelab.serving.plugins.module_utils.server.ready import NotReady, log_tail, probe, wait_ready
 
 HEALTH = ReadyCheck(path="/health_generate")
 COMPLETION = ReadyCheck(path="/v1/completions", method="POST",

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from ansible.module_utils.servelab.profiles import ProfileError, resolve_profile
-from ansible.module_utils.servelab.server_render import render_server
-from ansible.module_utils.servelab.server_render_sglang import SGLANG_PINNED_VERSIONS
-from ansible.module_utils.servelab.server_render_vllm import VLLM_DEFAULT_VERSION
+from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import ProfileError, resolve_profile
+from ansible_collections.servelab.serving.plugins.module_utils.server.render import render_server
+from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import SGLANG_PINNED_VERSIONS
+from ansible_collections.servelab.serving.plugins.module_utils.server.render_vllm import VLLM_DEFAULT_VERSION
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "sglang")
 GOLDEN = os.path.join(DATA, "golden")
@@ -210,13 +210,12 @@ def test_versions_outside_the_checked_range_warn():
 
 
 SIMULATOR = os.path.join(os.path.dirname(__file__), "..", "..", "plugins", "module_utils",
-                         "servelab", "simulator.py")
+                         "simulator.py")
 
 
-@pytest.mark.skipif(not os.path.exists(SIMULATOR), reason="simulator.py not in this checkout")
 def test_rendered_simulator_flags_are_the_simulators_own():
-    from ansible.module_utils.servelab.server_argdefs import argdefs_from_sources, flags_in
-    from ansible.module_utils.servelab.server_render import SIMULATOR_FLAGS
+    from ansible_collections.servelab.serving.plugins.module_utils.server.argdefs import argdefs_from_sources, flags_in
+    from ansible_collections.servelab.serving.plugins.module_utils.server.render import SIMULATOR_FLAGS
     with open(SIMULATOR, encoding="utf-8") as fh:
         defined = argdefs_from_sources([("simulator.py", fh.read())])
     raw = {"name": "all", "simulator": {key: "1" for key in SIMULATOR_FLAGS}}

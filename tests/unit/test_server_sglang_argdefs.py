@@ -16,13 +16,13 @@ import zipfile
 
 import pytest
 
-from ansible.module_utils.servelab.profiles import resolve_profile
-from ansible.module_utils.servelab.server_argdefs import (argdefs_from_sources, check_against,
+from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import resolve_profile
+from ansible_collections.servelab.serving.plugins.module_utils.server.argdefs import (argdefs_from_sources, check_against,
                                                           env_names_from_source,
                                                           sglang_defs_from_wheel)
-from ansible.module_utils.servelab.server_logscan import LOG_PATTERNS
-from ansible.module_utils.servelab.server_render import render_server
-from ansible.module_utils.servelab.server_render_sglang import SGLANG_PINNED_VERSIONS
+from ansible_collections.servelab.serving.plugins.module_utils.server.logscan import LOG_PATTERNS
+from ansible_collections.servelab.serving.plugins.module_utils.server.render import render_server
+from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import SGLANG_PINNED_VERSIONS
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WHEELS = os.path.join(REPO, ".cache", "sglang-wheels")

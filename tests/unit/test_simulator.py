@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ansible.module_utils.servelab import simulator as sim
+from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
 from simproc import ServerProcess
 
 

@@ -1,14 +1,14 @@
 """The simulator's timing model, its fit to the field data and its settings (no server here).
 
 The fit's residuals are printed: `pytest -rP tests/unit/test_simulator_model.py -k residuals`
-(or `python3 plugins/module_utils/servelab/simulator.py --fit-report`).
+(or `python3 plugins/module_utils/simulator.py --fit-report`).
 """
 import dataclasses
 import math
 
 import pytest
 
-from ansible.module_utils.servelab import simulator as sim
+from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
 
 LEVELS = (1, 2, 3, 4, 5, 10, 30, 70, sim.SATURATION_CONCURRENCY)
 # Tolerances of the fit: the single-stream figures are solved exactly (rounding only); the

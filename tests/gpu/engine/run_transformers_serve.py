@@ -29,8 +29,8 @@ os.environ.update(gpu_env.NO_MULTICAST_ENV)   # inherited by the engine and ever
 
 gpu_env.use_module_utils()
 
-from ansible.module_utils.servelab.results import atomic_write_json, atomic_write_text  # noqa: E402
-from ansible.module_utils.servelab.server_manager import (ServerError, ServerRequest,  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import atomic_write_json, atomic_write_text  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.server.manager import (ServerError, ServerRequest,  # noqa: E402
                                                           run)
 
 SERVER_NAME = "transformers-serve"
@@ -121,8 +121,8 @@ def server_request(args, state_dir, state="started"):
 
 def sweep(base_url, model, levels, seconds, max_tokens):
     """Closed-loop levels with servelab's load generator (loadgen.py)."""
-    from ansible.module_utils.servelab.loadgen import LevelConfig, run_level
-    from ansible.module_utils.servelab.workloads import builtin
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import builtin
     rows = []
     for c in levels:
         cfg = LevelConfig(base_url=base_url, model=model, api="openai_chat", concurrency=c,

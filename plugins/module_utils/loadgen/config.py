@@ -1,0 +1,156 @@
+"""llm_bench options -> validated level configurations, and the sweep over them.
+
+Shared by the module (which runs levels on the bench client) and the action plugin (which checks
+the options on the controller before the first level, and applies the same stop rule).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional, Tuple
+
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
+    LevelConfig, LoadgenError, STOP_REASONS, STOP_FAILING, round_up_processes, run_level,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import Workload, WorkloadError, load
+
+# Options that are the action plugin's own (the module never sees them).
+ACTION_ONLY_OPTIONS = ("run_id", "results_root", "stop_on_failure")
+
+
+class BenchOptionsError(ValueError):
+    """A bad option: the message names it and says how to fix it."""
+
+
+def _levels(params: dict) -> List[Tuple[int, Optional[float]]]:
+    """(concurrency, request_rate) per level, in the order given."""
+    conc = params.get("concurrency")
+    if not conc or not isinstance(conc, (list, tuple)):
+        raise BenchOptionsError("concurrency: give a non-empty list of positive integers, e.g. "
+                                "[1, 2, 5, 10]")
+    for value in conc:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BenchOptionsError("concurrency: %r is not a positive integer (levels must be "
+                                    "numbers of workers >= 1)" % (value,))
+    if params.get("load_mode", "concurrency") == "rate":
+        rates = params.get("request_rate") or []
+        if not rates:
+            raise BenchOptionsError("request_rate: load_mode rate needs a list of request rates "
+                                    "per second, e.g. [1, 2, 4]")
+        for rate in rates:
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+                raise BenchOptionsError("request_rate: %r is not a positive number of requests "
+                                        "per second" % (rate,))
+        if len(conc) != 1:
+            raise BenchOptionsError("concurrency: with load_mode rate give one value, the cap on "
+                                    "requests in flight (got %r)" % (conc,))
+        return [(conc[0], float(rate)) for rate in rates]
+    if params.get("request_rate"):
+        raise BenchOptionsError("request_rate: only used with load_mode rate (set load_mode: "
+                                "rate, or drop request_rate)")
+    return [(c, None) for c in conc]
+
+
+def level_configs(params: dict) -> Tuple[List[LevelConfig], Workload]:
+    """Validate every option and build one LevelConfig per level, before any load is sent."""
+    try:
+        workload = load(params.get("workload"))
+    except WorkloadError as exc:
+        raise BenchOptionsError(str(exc)) from None
+    slo = dict(params.get("slo") or {})
+    for key, value in slo.items():
+        if key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            raise BenchOptionsError("slo.%s: unknown SLO; use ttft_ms, tpot_ms, e2e_ms" % key)
+        try:
+            slo[key] = None if value in (None, "") else float(value)
+        except (TypeError, ValueError):
+            raise BenchOptionsError("slo.%s: expected milliseconds, got %r" % (key, value))
+    configs = []
+    for concurrency, rate in _levels(params):
+        processes = int(params.get("processes", 1) if params.get("processes") is not None else 1)
+        if processes == 0:
+            processes = round_up_processes(concurrency)
+        cfg = LevelConfig(
+            base_url=params["base_url"],
+            model=params.get("model") or "",
+            api=params.get("api") or "openai_chat",
+            concurrency=concurrency,
+            load_mode=params.get("load_mode") or "concurrency",
+            request_rate=rate,
+            arrival=params.get("arrival") or "poisson",
+            max_tokens=int(params.get("max_tokens") or 256),
+            ignore_eos=bool(params.get("ignore_eos")),
+            level_seconds=float(params.get("level_seconds") or 30.0),
+            warmup_requests=params.get("warmup_requests"),
+            min_window_requests=params.get("min_window_requests"),
+            max_requests=params.get("max_requests"),
+            level_timeout=float(params.get("level_timeout") or 600.0),
+            stall_timeout=float(params.get("stall_timeout") or 120.0),
+            slo=slo,
+            ci_batches=int(params.get("ci_batches") or 10),
+            target_ci_pct=params.get("target_ci_pct"),
+            processes=processes,
+            seed=int(params.get("seed") or 1),
+            ramp_seconds=float(params["ramp_seconds"]) if params.get("ramp_seconds") is not None
+            else 0.5,
+            socket_rcvbuf=(int(params["socket_rcvbuf"]) if params.get("socket_rcvbuf") is not None
+                           else 65536),
+            extra_body=dict(params.get("extra_body") or {}),
+            api_key=params.get("api_key"),
+            per_chunk_usage=params.get("per_chunk_usage", True) is not False,
+            server_metrics=params.get("server_metrics", True) is not False,
+            host_label=params.get("host_label") or "localhost",
+            profile=params.get("profile") or "default",
+        )
+        try:
+            cfg.validate()
+        except (LoadgenError, ValueError) as exc:
+            raise BenchOptionsError(str(exc)) from None
+        configs.append(cfg)
+    return configs, workload
+
+
+def level_failure(row: dict) -> Optional[str]:
+    """Why a finished level means the server is not serving (the sweep for this profile stops),
+    or None. A level whose requests all failed, or that stopped because errors kept coming."""
+    ok = (row.get("run_requests") or 0) - (row.get("run_errors") or 0)
+    if (row.get("run_requests") or 0) > 0 and ok <= 0:
+        return "all %d requests failed (first error: %s)" % (row["run_requests"],
+                                                               row.get("first_error"))
+    if row.get("stop_reason") == STOP_REASONS[STOP_FAILING]:
+        return "the server kept failing (%d errors; first: %s)" % (row.get("run_errors") or 0,
+                                                                   row.get("first_error"))
+    if not row.get("run_requests"):
+        return "no request finished (stop reason: %s)" % row.get("stop_reason")
+    return None
+
+
+@dataclass
+class SweepOutcome:
+    levels: List[dict] = field(default_factory=list)
+    requests_by_level: List[List[dict]] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    failure: Optional[str] = None
+
+    @property
+    def requests(self) -> List[dict]:
+        return [r for level in self.requests_by_level for r in level]
+
+
+def run_levels(configs: List[LevelConfig], workload: Workload) -> SweepOutcome:
+    """Run the levels in order; stop after a level that shows the server is not serving."""
+    outcome = SweepOutcome()
+    for cfg in configs:
+        try:
+            result = run_level(cfg, workload)
+        except LoadgenError as exc:
+            raise BenchOptionsError(str(exc)) from None
+        row = asdict(result.row)
+        outcome.levels.append(row)
+        outcome.requests_by_level.append(result.requests)
+        outcome.warnings.extend(result.warnings)
+        failure = level_failure(row)
+        if failure:
+            outcome.failure = "C=%d: %s" % (cfg.concurrency, failure)
+            break
+    return outcome
+

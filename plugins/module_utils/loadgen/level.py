@@ -1,0 +1,798 @@
+"""The load generator: runs one load level and measures it (DESIGN section 5). Stdlib only.
+
+Load modes
+- concurrency (closed loop, default): C workers, each on its own keep-alive connection, each
+  sending its next request the moment its last one finished (inside the same socket callback).
+  Worker starts are spread over `ramp_seconds` (workers that start together stay in lockstep).
+- rate (open loop): arrivals at `request_rate` per second, Poisson or constant, each sent on a
+  free connection; at most `concurrency` in flight, later arrivals wait (their queue time is kept).
+
+The level, on the client's monotonic clock:
+  start ── warmup ── ws ══════ window ══════ we ── tail ── stop
+- warmup: the window opens (ws) once every worker finished `warmup_requests` requests (closed
+  loop; default 1), so the synchronized start and cold caches are over; open loop, once
+  warmup_requests x concurrency requests finished.
+- window: closes (we) once it lasted `level_seconds` and at least `min_window_requests` were sent
+  in it, or `max_requests` were sent in it, or half of `level_timeout` has passed (then the level
+  is flagged `window_complete: false`). Requests sent inside [ws, we) are the window requests.
+- tail: the load stays on (workers keep sending) until every window request finished, so each of
+  them ran under the full load; then the tail requests still in flight are cancelled (recorded as
+  `cancelled: ...`, not counted as errors) and the level ends.
+- `level_timeout` bounds everything; window requests cut by it are errors.
+
+Processes: `processes` forked client processes, each with its own event loop and a share of the
+workers (or of the arrival rate). They share a few counters through an anonymous shared-memory
+map; the parent process is only the controller: it decides ws/we/stop from those counters, samples
+the server's `/metrics`, and merges the processes' partial results (metrics.LevelPart).
+Client honesty: every process records its CPU time and its event-loop lag (probed every 10 ms);
+a level is `client_limited` when a client process used >= 90% of a core over the window or its loop-lag
+p99 over the window was >= 2 ms, i.e. the client, not the server, may have set the pace.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import mmap
+import multiprocessing
+import os
+import random
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
+    APIS, Endpoint, http_get, open_connection, request_body,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
+    CANCELLED_PREFIX, LevelPart, LevelRow, NS_PER_S, RequestTiming, batch_means_ci95, level_row,
+    percentile, reduce_requests, request_row,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.server_metrics import MetricsSampler, window_figures
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import Workload
+
+LOAD_MODES = ("concurrency", "rate")
+ARRIVALS = ("poisson", "constant")
+
+CLIENT_CPU_LIMIT = 0.90          # fraction of one core over the window
+CLIENT_LAG_LIMIT_MS = 2.0        # event-loop lag p99 over the window
+
+# Bytes read from one socket per loop iteration, shared out over the process's connections: small
+# reads keep an iteration (the delay before any chunk is timestamped) short when every connection
+# is busy (a firehose), large ones keep the syscall count low when few are.
+READ_BUDGET = 128 * 1024
+READ_MIN, READ_MAX = 4096, 65536
+
+TICK_S = 0.010                   # client tick: lag sample, stop check, stall check
+CONTROL_S = 0.010                # controller poll interval
+ERROR_BACKOFF_S = 0.1            # a worker whose request failed waits this long (no hot loop)
+
+STOP_NONE, STOP_DONE, STOP_TIMEOUT, STOP_FAILING, STOP_ABORT = 0, 1, 2, 3, 4
+STOP_REASONS = {STOP_DONE: "window complete", STOP_TIMEOUT: "level_timeout reached",
+                STOP_FAILING: "server failing", STOP_ABORT: "aborted"}
+
+# Shared counters (int64 slots): globals, then one block per client process.
+G_WS, G_WE, G_STOP, G_T0 = 0, 1, 2, 3
+G_SLOTS = 8
+C_COMPLETED, C_WARM, C_WIN_SENT, C_WIN_DONE, C_OK, C_ERRORS, C_TOKENS, C_ERR_STREAK = range(8)
+C_SLOTS = 8
+
+
+class LoadgenError(Exception):
+    """Bad configuration or a client process that failed: the message says what to fix."""
+
+
+@dataclass
+class LevelConfig:
+    base_url: str
+    model: str = ""
+    api: str = "openai_chat"
+    concurrency: int = 1
+    load_mode: str = "concurrency"
+    request_rate: Optional[float] = None
+    arrival: str = "poisson"
+    max_tokens: int = 256
+    ignore_eos: bool = False
+    level_seconds: float = 30.0
+    warmup_requests: Optional[int] = None       # default: C
+    min_window_requests: Optional[int] = None   # default: C (closed loop) or 10 (open loop)
+    max_requests: Optional[int] = None
+    level_timeout: float = 600.0
+    stall_timeout: float = 120.0
+    connect_timeout: float = 10.0
+    socket_rcvbuf: Optional[int] = 65536         # bytes; 0/None = the OS default
+    ramp_seconds: float = 0.5                    # closed loop: worker starts spread over this
+    slo: Dict[str, Optional[float]] = field(default_factory=dict)
+    ci_batches: int = 10
+    target_ci_pct: Optional[float] = None
+    processes: int = 1
+    seed: int = 1
+    extra_body: Dict[str, object] = field(default_factory=dict)
+    api_key: Optional[str] = None
+    per_chunk_usage: bool = True
+    server_metrics: bool = True
+    metrics_path: str = "/metrics"
+    metrics_interval: float = 1.0
+    host_label: str = "localhost"
+    profile: str = "default"
+    keep_chunks: bool = False       # keep per-chunk arrival times in the request rows (tests)
+
+    def validate(self) -> None:
+        """Raise LoadgenError naming the field and the fix, before anything is sent."""
+        def bad(name, msg):
+            raise LoadgenError("%s: %s" % (name, msg))
+        Endpoint(self.base_url, self.api)   # raises ValueError with the field named
+        if self.api not in APIS:
+            bad("api", "expected one of %s" % ", ".join(APIS))
+        if self.api != "sglang_generate" and not self.model:
+            bad("model", "required for the OpenAI APIs (the name the server serves, see "
+                         "GET /v1/models)")
+        if self.load_mode not in LOAD_MODES:
+            bad("load_mode", "expected one of %s" % ", ".join(LOAD_MODES))
+        if int(self.concurrency) < 1:
+            bad("concurrency", "expected an integer >= 1, got %r" % self.concurrency)
+        if self.load_mode == "rate":
+            if not self.request_rate or float(self.request_rate) <= 0:
+                bad("request_rate", "load_mode rate needs a request rate > 0 (requests/s)")
+            if self.arrival not in ARRIVALS:
+                bad("arrival", "expected one of %s" % ", ".join(ARRIVALS))
+        if self.max_tokens < 1:
+            bad("max_tokens", "expected an integer >= 1")
+        if self.level_seconds <= 0:
+            bad("level_seconds", "expected seconds > 0")
+        if self.level_timeout <= self.level_seconds:
+            bad("level_timeout", "must exceed level_seconds (%s): it bounds warmup + window + "
+                                 "tail" % self.level_seconds)
+        if self.ci_batches < 2:
+            bad("ci_batches", "expected >= 2 batches for a confidence interval")
+        if self.target_ci_pct is not None and self.target_ci_pct <= 0:
+            bad("target_ci_pct", "expected a percentage > 0 (e.g. 2 for +-2%)")
+        if self.processes < 1:
+            bad("processes", "expected >= 1 client processes")
+        if self.ramp_seconds < 0 or self.ramp_seconds >= self.level_timeout / 2:
+            bad("ramp_seconds", "expected seconds >= 0 and well below level_timeout")
+        if self.socket_rcvbuf is not None and self.socket_rcvbuf < 0:
+            bad("socket_rcvbuf", "expected bytes >= 0 (0 = the OS default)")
+        for key, value in (self.slo or {}).items():
+            if key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
+                bad("slo.%s" % key, "unknown SLO; use ttft_ms, tpot_ms, e2e_ms")
+            if value is not None and float(value) <= 0:
+                bad("slo.%s" % key, "expected milliseconds > 0")
+        for name in ("warmup_requests", "min_window_requests", "max_requests"):
+            value = getattr(self, name)
+            if value is not None and int(value) < (0 if name == "warmup_requests" else 1):
+                bad(name, "expected a non-negative integer" if name == "warmup_requests"
+                    else "expected an integer >= 1")
+
+
+@dataclass
+class LevelResult:
+    row: LevelRow
+    requests: List[dict]
+    warnings: List[str] = field(default_factory=list)
+
+    def row_dict(self) -> dict:
+        return asdict(self.row)
+
+
+# ------------------------------------------------------------------------------------------
+# Client process
+
+
+class _Worker:
+    __slots__ = ("wid", "conn", "connecting", "done")
+
+    def __init__(self, wid: int):
+        self.wid = wid
+        self.conn = None
+        self.connecting = False
+        self.done = 0           # requests finished (ok or not)
+
+
+class _Client:
+    """One client process: its event loop, its workers (or its share of the arrivals)."""
+
+    def __init__(self, cfg: LevelConfig, index: int, nproc: int, worker_ids: List[int],
+                 wires: List[bytes], shm):
+        self.cfg = cfg
+        self.index = index
+        self.nproc = nproc
+        self.worker_ids = worker_ids
+        self.wires = wires
+        self.shm = shm
+        self.base = G_SLOTS + index * C_SLOTS
+        self.endpoint = Endpoint(cfg.base_url, cfg.api, cfg.api_key)
+        self.records: List[RequestTiming] = []
+        self.done_tokens = 0
+        self.warmup = max(1, int(cfg.warmup_requests if cfg.warmup_requests is not None else 1))
+        conns = len(worker_ids) if cfg.load_mode == "concurrency" else self._cap()
+        self.read_size = max(READ_MIN, min(READ_MAX, READ_BUDGET // max(1, conns)))
+        self.inflight = set()
+        self.stopping = False
+        self.seq = 0
+        rng = random.Random(cfg.seed * 7919 + index)
+        self.order = list(range(len(wires)))
+        rng.shuffle(self.order)
+        self.rng = rng
+        self.lag_window: List[float] = []
+        self.lag_max = 0.0
+        self.ticks = 0
+        self.cpu_start = self.cpu_ws = self.cpu_we = self.cpu_end = None
+        self.loop = None
+        # open loop
+        self.idle: List = []
+        self.conns = 0
+        self.backlog: List[int] = []
+        self.next_arrival = 0
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _bump(self, slot: int, by: int = 1):
+        self.shm[self.base + slot] += by
+
+    def _new_request(self, wid: int) -> RequestTiming:
+        seq = self.seq
+        self.seq += 1
+        return RequestTiming(worker=wid, request_id=self.index + self.nproc * seq, t_send=0)
+
+    def _next_wire(self) -> bytes:
+        i = self.order[self.seq % len(self.order)]
+        return self.wires[i]
+
+    def _classify(self, req: RequestTiming):
+        shm = self.shm
+        ws = shm[G_WS]
+        if ws and req.t_send >= ws:
+            we = shm[G_WE]
+            if not we or req.t_send < we:
+                req.in_window = True
+                self._bump(C_WIN_SENT)
+
+    def _record(self, req: RequestTiming, worker_warm: bool):
+        """Count a finished request; `worker_warm`: its worker has now finished its warmup."""
+        self.records.append(req)
+        shm = self.shm
+        b = self.base
+        shm[b + C_COMPLETED] += 1
+        if worker_warm:
+            shm[b + C_WARM] += 1
+        toks = req.chunk_tokens
+        self.done_tokens += sum(toks) if toks else len(req.chunk_times or ())
+        if req.error is None:
+            shm[b + C_OK] += 1
+            shm[b + C_ERR_STREAK] = 0
+        elif not req.error.startswith(CANCELLED_PREFIX):
+            shm[b + C_ERRORS] += 1
+            shm[b + C_ERR_STREAK] += 1
+        if req.in_window:
+            shm[b + C_WIN_DONE] += 1
+
+    # -- closed loop ------------------------------------------------------------------------
+
+    def _send_closed(self, w: _Worker):
+        req = self._new_request(w.wid)
+        wire = self._next_wire()
+        self.inflight.add(w.conn)
+        w.conn.send(req, wire)            # takes t_send right before the write
+        self._classify(req)
+
+    def _on_done_closed(self, conn, req: RequestTiming):
+        w = conn.owner_data
+        self.inflight.discard(conn)
+        w.done += 1
+        self._record(req, w.done == self.warmup)
+        if self.stopping:
+            return
+        if req.error is not None or not conn.reusable or conn.closed:
+            if not conn.closed:
+                conn.transport.close()
+            w.conn = None
+            delay = ERROR_BACKOFF_S if req.error is not None else 0.0
+            self.loop.call_later(delay, self._reconnect, w)
+            return
+        self._send_closed(w)
+
+    def _on_lost(self, conn):
+        self.inflight.discard(conn)
+        w = conn.owner_data
+        if isinstance(w, _Worker) and w.conn is conn:
+            w.conn = None
+            if not self.stopping and not w.connecting:
+                self.loop.call_soon(self._reconnect, w)
+        elif w == "pool":
+            if conn in self.idle:
+                self.idle.remove(conn)
+            self.conns -= 1
+            if self.backlog and not self.stopping:
+                # The backlog would otherwise wait for the next arrival to open a connection.
+                self.conns += 1
+                self.loop.create_task(self._connect_pool(self.backlog.pop(0)))
+
+    def _reconnect(self, w: _Worker):
+        if self.stopping or w.connecting or w.conn is not None:
+            return
+        w.connecting = True
+        self.loop.create_task(self._connect_worker(w))
+
+    async def _connect_worker(self, w: _Worker):
+        try:
+            conn = await open_connection(self.loop, self.endpoint, self.cfg.api,
+                                         self._on_done_closed, self._on_lost,
+                                         self.cfg.connect_timeout, self.cfg.socket_rcvbuf)
+        except (OSError, asyncio.TimeoutError) as exc:
+            w.connecting = False
+            req = self._new_request(w.wid)
+            req.t_send = time.monotonic_ns()
+            req.error = "connect failed: %s" % (exc or type(exc).__name__)
+            self._classify(req)
+            w.done += 1
+            self._record(req, w.done == self.warmup)
+            if not self.stopping:
+                self.loop.call_later(ERROR_BACKOFF_S, self._reconnect, w)
+            return
+        w.connecting = False
+        conn.owner_data = w
+        conn.read_size = self.read_size
+        if self.stopping:
+            conn.transport.close()
+            return
+        w.conn = conn
+        self._send_closed(w)
+
+    # -- open loop --------------------------------------------------------------------------
+
+    def _schedule_first_arrival(self):
+        cfg = self.cfg
+        rate = float(cfg.request_rate) / self.nproc
+        t0 = self.shm[G_T0]
+        if cfg.arrival == "constant":
+            # Interleave the processes' constant streams evenly.
+            self.next_arrival = t0 + int(NS_PER_S / float(cfg.request_rate) * self.index)
+        else:
+            self.next_arrival = t0 + int(self.rng.expovariate(rate) * NS_PER_S)
+        self._arm_arrival()
+
+    def _arm_arrival(self):
+        delay = (self.next_arrival - time.monotonic_ns()) / NS_PER_S
+        self.loop.call_later(max(0.0, delay), self._arrive)
+
+    def _arrive(self):
+        if self.stopping:
+            return
+        cfg = self.cfg
+        now = time.monotonic_ns()
+        rate = float(cfg.request_rate) / self.nproc
+        # Fire every arrival that is due (timers can be late; the schedule is not).
+        while self.next_arrival <= now:
+            self._dispatch(self.next_arrival)
+            gap = (1.0 / rate) if cfg.arrival == "constant" else self.rng.expovariate(rate)
+            self.next_arrival += int(gap * NS_PER_S)
+        self._arm_arrival()
+
+    def _cap(self) -> int:
+        share, extra = divmod(int(self.cfg.concurrency), self.nproc)
+        return max(1, share + (1 if self.index < extra else 0))
+
+    def _dispatch(self, t_sched: int):
+        if self.idle:
+            self._send_open(self.idle.pop(), t_sched)
+        elif self.conns < self._cap():
+            self.conns += 1
+            self.loop.create_task(self._connect_pool(t_sched))
+        else:
+            self.backlog.append(t_sched)
+
+    async def _connect_pool(self, t_sched: int):
+        try:
+            conn = await open_connection(self.loop, self.endpoint, self.cfg.api,
+                                         self._on_done_open, self._on_lost,
+                                         self.cfg.connect_timeout, self.cfg.socket_rcvbuf)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.conns -= 1
+            req = self._new_request(-1)
+            req.t_sched = t_sched
+            req.t_send = time.monotonic_ns()
+            req.error = "connect failed: %s" % (exc or type(exc).__name__)
+            self._classify(req)
+            self._record(req, False)
+            return
+        conn.owner_data = "pool"
+        conn.read_size = self.read_size
+        if self.stopping:
+            conn.transport.close()
+            return
+        self._send_open(conn, t_sched)
+
+    def _send_open(self, conn, t_sched: int):
+        req = self._new_request(-1)
+        req.t_sched = t_sched
+        self.inflight.add(conn)
+        conn.send(req, self._next_wire())
+        self._classify(req)
+
+    def _on_done_open(self, conn, req: RequestTiming):
+        self.inflight.discard(conn)
+        self._record(req, False)
+        if self.stopping:
+            return
+        if req.error is not None or not conn.reusable or conn.closed:
+            if not conn.closed:
+                conn.transport.close()
+            return          # _on_lost releases the slot
+        if self.backlog:
+            self._send_open(conn, self.backlog.pop(0))
+        else:
+            self.idle.append(conn)
+
+    # -- tick, shutdown ---------------------------------------------------------------------
+
+    def _probe_start(self):
+        self.loop.call_soon(self._probe_end, self.loop.time())
+
+    def _probe_end(self, started: float):
+        """Event-loop lag, probed every tick: two chained call_soon callbacks. The first runs at
+        the head of an iteration's ready queue and queues the second behind every socket read
+        of the next iteration, so the gap is one full iteration: the longest a read that became
+        ready just after the loop polled waits before its timestamp is taken. (A timer's own
+        lateness is not used: epoll rounds timeouts up to 1 ms.)"""
+        lag = self.loop.time() - started
+        shm = self.shm
+        if shm[G_WS] and not shm[G_WE]:
+            self.lag_window.append(lag)
+        if lag > self.lag_max:
+            self.lag_max = lag
+
+    def _tick(self):
+        loop = self.loop
+        now = loop.time()
+        loop.call_soon(self._probe_start)
+        shm = self.shm
+        self.ticks += 1
+        if self.cfg.target_ci_pct:
+            # Tokens so far (finished + streaming), for the adaptive-precision rule.
+            shm[self.base + C_TOKENS] = self.done_tokens + sum(
+                c.tokens_seen for c in self.inflight if c.req is not None)
+        ws, we = shm[G_WS], shm[G_WE]
+        if ws and self.cpu_ws is None:
+            self.cpu_ws = time.process_time_ns()
+        if we and self.cpu_we is None:
+            self.cpu_we = time.process_time_ns()
+        if shm[G_STOP]:
+            self._shutdown(shm[G_STOP])
+            return
+        stall_ns = int(self.cfg.stall_timeout * NS_PER_S)
+        if self.inflight and self.ticks % 50 == 0:      # every 0.5 s is plenty for stalls
+            now_ns = time.monotonic_ns()
+            for conn in [c for c in self.inflight if now_ns - c.last_activity > stall_ns]:
+                conn.abort("stalled: no data for %.0f s (stall_timeout)" % self.cfg.stall_timeout)
+        loop.call_later(TICK_S, self._tick)
+
+    def _shutdown(self, reason: int):
+        self.stopping = True
+        for conn in list(self.inflight):
+            req = conn.req
+            if req is None:
+                continue
+            if reason == STOP_TIMEOUT and req.in_window:
+                conn.abort("timeout: level_timeout reached before the request finished")
+            else:
+                conn.abort(CANCELLED_PREFIX + " level over (tail request)")
+        for conn in self.idle:
+            conn.transport.close()
+        self.loop.call_later(0.05, self.loop.stop)
+
+    # -- entry point ------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        gc.collect()
+        gc.freeze()         # fewer, shorter collector pauses inside the measurement
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loop = loop
+        self.cpu_start = time.process_time_ns()
+        if self.cfg.load_mode == "rate":
+            loop.call_soon(self._schedule_first_arrival)
+        else:
+            # Staggered starts: C workers that start together stay in lockstep when requests
+            # take equal time, and every burst of C sends then lands on the server at once.
+            c = int(self.cfg.concurrency)
+            for wid in self.worker_ids:
+                w = _Worker(wid)
+                loop.call_later(self.cfg.ramp_seconds * wid / c, self._reconnect, w)
+        loop.call_later(TICK_S, self._tick)
+        try:
+            loop.run_forever()
+        finally:
+            self.cpu_end = time.process_time_ns()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+        ws, we = self.shm[G_WS], self.shm[G_WE]
+        part = reduce_requests(self.records, ws, we if we > ws else 0, self.cfg.ci_batches,
+                               self.cfg.slo)
+        rows = []
+        for r in self.records:
+            row = request_row(r)
+            if self.cfg.keep_chunks:
+                row["chunk_times"] = list(r.chunk_times or ())
+                row["chunk_tokens"] = None if r.chunk_tokens is None else list(r.chunk_tokens)
+            rows.append(row)
+        lag = sorted(self.lag_window)
+        return {
+            "part": part, "rows": rows,
+            "cpu_total_ns": self.cpu_end - self.cpu_start,
+            "cpu_window_ns": ((self.cpu_we or self.cpu_end) - self.cpu_ws
+                              if self.cpu_ws is not None else None),
+            "lag_p99_s": percentile(lag, 99) if lag else None,
+            "lag_max_s": self.lag_max,
+        }
+
+
+def _client_main(cfg, index, nproc, worker_ids, wires, shm_map, pipe):
+    """Entry of a forked client process: run, send the result (or the error) to the parent."""
+    try:
+        os.dup2(2, 1)    # nothing a client process prints may reach the module's JSON on stdout
+        shm = memoryview(shm_map).cast("q")
+        result = _Client(cfg, index, nproc, worker_ids, wires, shm).run()
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        result = {"error": traceback.format_exc()}
+    try:
+        pipe.send(result)
+    finally:
+        pipe.close()
+
+
+# ------------------------------------------------------------------------------------------
+# Controller (the parent process)
+
+
+class _Controller:
+    def __init__(self, cfg: LevelConfig, shm, nproc: int):
+        self.cfg = cfg
+        self.shm = shm
+        self.nproc = nproc
+        self.closed_loop = cfg.load_mode == "concurrency"
+        c = int(cfg.concurrency)
+        per_worker = 1 if cfg.warmup_requests is None else int(cfg.warmup_requests)
+        # Open loop has no workers: the same number of requests in total (per unit of the cap).
+        self.warmup = per_worker if self.closed_loop else per_worker * c
+        self.min_window = (cfg.min_window_requests if cfg.min_window_requests is not None
+                           else (c if self.closed_loop else 10))
+        self.window_complete = True
+        self.token_samples: List = []     # (t_ns, cumulative tokens) inside the window
+        self.on_ws = None
+        self.on_we = None
+
+    def total(self, slot: int) -> int:
+        shm = self.shm
+        return sum(shm[G_SLOTS + i * C_SLOTS + slot] for i in range(self.nproc))
+
+    def live_ci_pct(self, now: int) -> Optional[float]:
+        """Batch-means CI (% of the mean) of output tok/s so far in the window, from the
+        cumulative token counters (the final figure is recomputed exactly afterwards)."""
+        samples = self.token_samples
+        b = self.cfg.ci_batches
+        if len(samples) < 2 * b:
+            return None
+        t_start, t_end = samples[0][0], samples[-1][0]
+        edges = [t_start + (t_end - t_start) * i // b for i in range(b + 1)]
+        values, j = [], 0
+        for edge in edges:
+            while j + 1 < len(samples) and samples[j + 1][0] <= edge:
+                j += 1
+            values.append(samples[j][1])
+        dt = (t_end - t_start) / b / NS_PER_S
+        rates = [(values[i + 1] - values[i]) / dt for i in range(b)]
+        mean = sum(rates) / b
+        half = batch_means_ci95(rates)
+        if not mean or half is None:
+            return None
+        return 100.0 * half / mean
+
+    def step(self, now: int) -> None:
+        shm, cfg = self.shm, self.cfg
+        if shm[G_STOP]:
+            return
+        t0 = shm[G_T0]
+        if now - t0 >= cfg.level_timeout * NS_PER_S:
+            shm[G_STOP] = STOP_TIMEOUT
+            return
+        ok = self.total(C_OK)
+        errors = self.total(C_ERRORS)
+        c = int(cfg.concurrency)
+        failing_after = max(2 * c, 8)
+        if (ok == 0 and errors >= c + 3) or self.total(C_ERR_STREAK) >= failing_after:
+            shm[G_STOP] = STOP_FAILING
+            return
+        ws = shm[G_WS]
+        if not ws:
+            if self.closed_loop:
+                # Every worker finished its warmup requests (0: no warmup, only a first success).
+                warm = self.warmup == 0 or self.total(C_WARM) >= c
+            else:
+                warm = self.total(C_COMPLETED) >= self.warmup
+            if warm and ok > 0:
+                shm[G_WS] = now
+                if self.on_ws:
+                    self.on_ws()
+            elif now - t0 >= cfg.level_timeout * NS_PER_S / 2:
+                # No window possible in time: stop; the level reports whole-run figures only.
+                self.window_complete = False
+                shm[G_STOP] = STOP_TIMEOUT
+            return
+        we = shm[G_WE]
+        if not we:
+            sent = self.total(C_WIN_SENT)
+            self.token_samples.append((now, self.total(C_TOKENS)))
+            long_enough = now - ws >= cfg.level_seconds * NS_PER_S and sent >= self.min_window
+            if long_enough and cfg.target_ci_pct:
+                ci = self.live_ci_pct(now)
+                long_enough = ci is not None and ci <= cfg.target_ci_pct
+            capped = cfg.max_requests is not None and sent >= int(cfg.max_requests)
+            late = now - t0 >= cfg.level_timeout * NS_PER_S / 2
+            if long_enough or capped or late:
+                if late and not (long_enough or capped):
+                    self.window_complete = False
+                shm[G_WE] = now
+                if self.on_we:
+                    self.on_we()
+            return
+        if self.total(C_WIN_DONE) >= self.total(C_WIN_SENT):
+            shm[G_STOP] = STOP_DONE
+
+
+def _fork_context():
+    try:
+        return multiprocessing.get_context("fork")
+    except ValueError:  # pragma: no cover - platforms without fork
+        raise LoadgenError("processes: the load generator needs fork() (Linux, macOS)")
+
+
+def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
+    """Run one load level against the server and measure it."""
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise LoadgenError(str(exc)) from None
+    endpoint = Endpoint(cfg.base_url, cfg.api, cfg.api_key)
+    wires = [endpoint.wire(request_body(cfg.api, cfg.model, p, p.max_tokens or cfg.max_tokens,
+                                        p.ignore_eos or cfg.ignore_eos, cfg.extra_body,
+                                        cfg.per_chunk_usage))
+             for p in workload.prompts]
+    if not wires:
+        raise LoadgenError("workload: no prompts")
+    c = int(cfg.concurrency)
+    nproc = max(1, min(int(cfg.processes), c))
+    worker_sets = [list(range(i, c, nproc)) for i in range(nproc)]
+    shm_map = mmap.mmap(-1, 8 * (G_SLOTS + C_SLOTS * nproc))
+    shm = memoryview(shm_map).cast("q")
+    ctx = _fork_context()
+    controller = _Controller(cfg, shm, nproc)
+    sampler = None
+    warnings: List[str] = []
+    shm[G_T0] = time.monotonic_ns()
+    procs, pipes = [], []
+    results: Dict[int, dict] = {}
+    try:
+        for i in range(nproc):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_client_main, name="servelab-loadgen-%d" % i,
+                            args=(cfg, i, nproc, worker_sets[i], wires, shm_map, child_end),
+                            daemon=True)
+            p.start()
+            child_end.close()
+            procs.append(p)
+            pipes.append(parent_end)
+        if cfg.server_metrics:
+            sampler = MetricsSampler(endpoint.url(cfg.metrics_path), http_get,
+                                     interval=cfg.metrics_interval).start()
+            controller.on_ws = sampler.sample_now
+            controller.on_we = sampler.sample_now
+        grace_deadline = None
+        while len(results) < nproc:
+            now = time.monotonic_ns()
+            controller.step(now)
+            for i, pipe in enumerate(pipes):
+                if i not in results and pipe.poll(0):
+                    try:
+                        results[i] = pipe.recv()
+                    except EOFError:
+                        results[i] = {"error": "client process %d exited without a result "
+                                               "(exit code %s)" % (i, procs[i].exitcode)}
+                    if "error" in results[i] and not shm[G_STOP]:
+                        shm[G_STOP] = STOP_ABORT
+            if shm[G_STOP] and grace_deadline is None:
+                grace_deadline = now + 60 * NS_PER_S
+            if grace_deadline is not None and now > grace_deadline:
+                for i, p in enumerate(procs):
+                    if i not in results:
+                        results[i] = {"error": "client process %d did not finish within 60 s "
+                                               "of the stop signal" % i}
+                break
+            for i, p in enumerate(procs):
+                if i not in results and not p.is_alive() and not pipes[i].poll(0):
+                    results[i] = {"error": "client process %d died (exit code %s)"
+                                           % (i, p.exitcode)}
+                    shm[G_STOP] = shm[G_STOP] or STOP_ABORT
+            time.sleep(CONTROL_S)
+    finally:
+        if not shm[G_STOP]:
+            shm[G_STOP] = STOP_ABORT
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+        samples = sampler.stop() if sampler else []
+        for pipe in pipes:
+            pipe.close()
+    errors = [r["error"] for r in results.values() if "error" in r]
+    if errors:
+        raise LoadgenError("load generator failed:\n" + "\n".join(errors))
+    stop = shm[G_STOP]
+    ws, we = shm[G_WS], shm[G_WE]
+    shm.release()
+    shm_map.close()
+    if we <= ws:
+        ws = we = 0
+    merged = LevelPart()
+    for i in range(nproc):
+        merged.merge(results[i]["part"])
+    merged.ws, merged.we = ws, we
+    row = level_row(cfg.host_label, cfg.profile, c, merged, cfg.slo)
+    row.load_mode = cfg.load_mode
+    row.request_rate = float(cfg.request_rate) if cfg.load_mode == "rate" else None
+    row.stop_reason = STOP_REASONS.get(stop, "unknown")
+    row.window_complete = bool(ws and we and controller.window_complete)
+    row.window_start_ns, row.window_end_ns = ws, we
+    _client_honesty(row, [results[i] for i in range(nproc)], merged, nproc)
+    if samples:
+        row.server_metrics = window_figures(samples, ws, we)
+    elif sampler is not None and sampler.note:
+        warnings.append(sampler.note)
+    if not row.window_complete:
+        warnings.append(
+            "C=%d: window incomplete (%s; %d window requests, window %.1f s): raise "
+            "level_timeout or lower min_window_requests" % (
+                c, row.stop_reason, row.requests, row.window_s))
+    if row.client_limited:
+        warnings.append(
+            "C=%d: client-limited (client CPU %.0f%% of a core, loop lag p99 %s ms): add client "
+            "processes or a faster bench client" % (
+                c, 100 * (row.client_cpu_util or 0), row.loop_lag_p99_ms))
+    rows = []
+    for i in range(nproc):
+        for r in results[i]["rows"]:
+            r.update(host=cfg.host_label, profile=cfg.profile, concurrency=c)
+            rows.append(r)
+    rows.sort(key=lambda r: r["t_send"])
+    return LevelResult(row=row, requests=rows, warnings=warnings)
+
+
+def _client_honesty(row: LevelRow, results: List[dict], part: LevelPart, nproc: int) -> None:
+    total_cpu = sum(r["cpu_total_ns"] for r in results)
+    window_ns = part.we - part.ws if part.we > part.ws else 0
+    row.client_processes = nproc
+    row.client_cpu_s = round(total_cpu / NS_PER_S, 3)
+    if window_ns:
+        utils = [r["cpu_window_ns"] / window_ns for r in results if r["cpu_window_ns"]]
+        cpu_window = sum(r["cpu_window_ns"] or 0 for r in results)
+        row.client_cpu_util = round(max(utils), 4) if utils else None
+        if part.window_output_tokens:
+            row.client_cpu_us_per_token = round(cpu_window / 1e3 / part.window_output_tokens, 3)
+    lags = [r["lag_p99_s"] for r in results if r["lag_p99_s"] is not None]
+    row.loop_lag_p99_ms = round(max(lags) * 1e3, 3) if lags else None
+    row.loop_lag_max_ms = round(max(r["lag_max_s"] for r in results) * 1e3, 3)
+    row.client_limited = bool(
+        (row.client_cpu_util is not None and row.client_cpu_util >= CLIENT_CPU_LIMIT)
+        or (row.loop_lag_p99_ms is not None and row.loop_lag_p99_ms >= CLIENT_LAG_LIMIT_MS))
+
+
+def round_up_processes(concurrency: int, per_process: int = 128) -> int:
+    """A default for `processes: auto`: one client process per `per_process` workers, at most one
+    per CPU."""
+    return max(1, min(os.cpu_count() or 1, math.ceil(concurrency / per_process)))

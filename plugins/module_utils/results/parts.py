@@ -1,0 +1,109 @@
+"""llm_bench's result files (DESIGN 5b, docs/contracts.md).
+
+Each finished level is written as two part files, atomically:
+  results/<run_id>/parts/<host>__<profile>__c<C>.json    {"level": row, "warnings": [...]}
+  results/<run_id>/parts/<host>__<profile>__c<C>.jsonl   one request record per line
+(`__r<rate>` is appended for open-loop levels). Then, under the run's lock (fcntl.flock on
+results/<run_id>/.lock, the lock every servelab writer of a run takes), levels.csv and
+requests.jsonl are rebuilt from all parts, so parallel forks (several hosts) never lose a level
+and a run cut short keeps every finished one.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelRow
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
+    LEVEL_COLUMNS, LEVELS, PARTS_DIR, REQUESTS, atomic_write_text,
+)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# Extra columns after LEVEL_COLUMNS, in LevelRow's order (server_metrics is flattened).
+EXTRA_COLUMNS = tuple(name for name in LevelRow.__dataclass_fields__
+                      if name not in LEVEL_COLUMNS and name != "server_metrics")
+
+
+def part_stem(row: dict) -> str:
+    """File stem of one level's part files, unique per (host, profile, level)."""
+    stem = "%s__%s__c%d" % (_UNSAFE.sub("_", str(row["host"])),
+                            _UNSAFE.sub("_", str(row["profile"])), int(row["concurrency"]))
+    if row.get("load_mode") == "rate" and row.get("request_rate") is not None:
+        stem += "__r%s" % ("%g" % float(row["request_rate"])).replace(".", "p")
+    return stem
+
+
+def _jsonl(records: Iterable[dict]) -> str:
+    return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
+
+
+def write_level_files(directory: str, row: dict, requests: List[dict],
+                      warnings: Optional[List[str]] = None) -> Tuple[str, str]:
+    """Write one level's part files atomically (requests first: a .json means a complete level)."""
+    stem = os.path.join(directory, part_stem(row))
+    atomic_write_text(stem + ".jsonl", _jsonl(requests))
+    atomic_write_text(stem + ".json", json.dumps({"level": row, "warnings": warnings or []},
+                                                 indent=1, sort_keys=True, default=str) + "\n")
+    return stem + ".json", stem + ".jsonl"
+
+
+def _sort_key(row: dict):
+    return (str(row.get("host")), str(row.get("profile")), str(row.get("load_mode")),
+            float(row.get("request_rate") or 0), int(row.get("concurrency") or 0))
+
+
+def read_parts(parts_dir: str) -> List[Tuple[dict, str]]:
+    """(level row, path of its requests .jsonl) for every complete part, in report order."""
+    out = []
+    if not os.path.isdir(parts_dir):
+        return out
+    for name in sorted(os.listdir(parts_dir)):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = os.path.join(parts_dir, name)
+        with open(path, encoding="utf-8") as fh:
+            row = json.load(fh)["level"]
+        out.append((row, path[:-len(".json")] + ".jsonl"))
+    out.sort(key=lambda item: _sort_key(item[0]))
+    return out
+
+
+def _cell(value) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def levels_csv(rows: List[dict]) -> str:
+    """levels.csv text: LEVEL_COLUMNS first, then the extra columns, then server_* columns."""
+    server_cols = sorted({k for r in rows for k in (r.get("server_metrics") or {})})
+    columns = list(LEVEL_COLUMNS) + list(EXTRA_COLUMNS) + server_cols
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        flat: Dict[str, object] = dict(r)
+        flat.update(r.get("server_metrics") or {})
+        writer.writerow([_cell(flat.get(c)) for c in columns])
+    return buf.getvalue()
+
+
+def rebuild_run_files(run_dir: str) -> List[dict]:
+    """Rebuild levels.csv and requests.jsonl of a run from its parts (call under the run lock).
+    Returns the level rows."""
+    parts = read_parts(os.path.join(run_dir, PARTS_DIR))
+    rows = [row for row, _ in parts]
+    atomic_write_text(os.path.join(run_dir, LEVELS), levels_csv(rows))
+    chunks = []
+    for _, jsonl in parts:
+        if os.path.exists(jsonl):
+            with open(jsonl, encoding="utf-8") as fh:
+                chunks.append(fh.read())
+    atomic_write_text(os.path.join(run_dir, REQUESTS), "".join(chunks))
+    return rows

@@ -1,0 +1,389 @@
+"""llm_server's logic: bring a named server to `started`, `stopped` or `restarted`.
+
+started: the same config already serving -> unchanged; a different config, a dead server or one
+that no longer generates -> (re)start. stopped: TERM, grace, KILL the whole tree, confirm the port
+is free. Everything is validated and rendered before any process is touched; check mode stops
+right after deciding.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional
+
+from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as launcher_cgroup, tree as launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.server import engine as server_engine, launcher, ports as server_ports
+from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file as server_simulator, state as server_state
+from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import ProfileError, resolve_profile
+from ansible_collections.servelab.serving.plugins.module_utils.server.logscan import scan_log
+from ansible_collections.servelab.serving.plugins.module_utils.server.ready import NotReady, wait_ready
+from ansible_collections.servelab.serving.plugins.module_utils.server.render import ServerSpec, render_server
+from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import SGLANG_DEFAULT_VERSION
+from ansible_collections.servelab.serving.plugins.module_utils.server.state import ServerState
+from ansible_collections.servelab.serving.plugins.module_utils.server.versions import VersionError, parse_version
+
+STATES = ("started", "stopped", "restarted")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ServerError(RuntimeError):
+    """Failure with a message naming the cause and the fix; `details` go into the result."""
+
+    def __init__(self, msg: str, **details):
+        super().__init__(msg)
+        self.msg = msg
+        self.details = details
+
+
+@dataclass
+class ServerRequest:
+    name: str
+    state: str = "started"
+    engine: str = "simulator"
+    profile: Optional[Mapping] = None
+    model: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: Optional[int] = None
+    advertise_host: Optional[str] = None
+    state_dir: str = "~/.servelab/servers"
+    python: Optional[str] = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    engine_version: Optional[str] = None
+    ready_timeout: float = 900.0
+    probe_timeout: float = 60.0
+    stop_grace: float = 15.0
+    kill_timeout: float = 15.0
+    port_timeout: float = 30.0
+    cgroup: str = "auto"
+    verify_flags: bool = True
+    stop_on_failure: bool = True
+    check_mode: bool = False
+    # Tests inject a stand-in simulator source; the module never sets it.
+    simulator_source: Optional[str] = None
+
+
+@dataclass
+class ServerResult:
+    changed: bool
+    action: str                 # started | restarted | unchanged | stopped | absent (+ would_ in check)
+    name: str
+    state: str
+    reason: str = ""
+    engine: Optional[str] = None
+    engine_version: Optional[str] = None
+    profile: Optional[str] = None
+    pid: Optional[int] = None
+    cmd: List[str] = field(default_factory=list)
+    cmdline: str = ""
+    env: dict = field(default_factory=dict)
+    config_hash: Optional[str] = None
+    log_path: Optional[str] = None
+    state_path: Optional[str] = None
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    host: Optional[str] = None
+    port: Optional[int] = None
+    ready_seconds: Optional[float] = None
+    features_skipped: List[str] = field(default_factory=list)
+    engine_adjustments: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    ignored_keys: List[str] = field(default_factory=list)
+    cgroup: Optional[str] = None
+    cgroup_reason: Optional[str] = None
+    stopped: Optional[dict] = None      # what a stop did: killed, survivors, seconds, port_free
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering (pure apart from asking the engine's interpreter for its version)
+
+
+def _engine_version(req: ServerRequest, python: str, warnings: List[str]) -> Optional[str]:
+    if req.engine not in ("sglang", "vllm"):
+        return req.engine_version
+    installed = server_engine.installed_version(python, req.engine)
+    if req.engine_version:
+        parse_version(req.engine_version)
+        if installed.value and installed.value != str(req.engine_version):
+            raise ServerError(
+                f"engine_version is {req.engine_version} but {python} has {req.engine} "
+                f"{installed.value}: the flags would be rendered for the wrong release; set "
+                f"engine_version: {installed.value} or leave it out")
+        return str(req.engine_version)
+    if installed.value:
+        return installed.value
+    if req.engine == "sglang":
+        if req.check_mode or req.state == "stopped":
+            warnings.append(f"could not read the installed sglang version ({installed.error}); "
+                            f"rendered for {SGLANG_DEFAULT_VERSION}")
+            return SGLANG_DEFAULT_VERSION
+        raise ServerError(f"cannot tell which SGLang to render flags for: {installed.error}; set "
+                          f"python to the interpreter of SGLang's venv, or engine_version")
+    return None
+
+
+def build_spec(req: ServerRequest) -> tuple:
+    """(ServerSpec, simulator source or None). Raises ServerError before anything is touched."""
+    if not NAME_RE.match(req.name or ""):
+        raise ServerError(f"name {req.name!r} must be 1-64 characters of letters, digits, "
+                          f"'.', '_', '-' (it names the state directory and the cgroup)")
+    python = req.python or sys.executable
+    warnings: List[str] = []
+    try:
+        profile = resolve_profile(req.profile, default_model=req.model)
+        version = _engine_version(req, python, warnings)
+        sim_source = script = None
+        extra = {}
+        if req.engine == "simulator":
+            sim_source = req.simulator_source or server_simulator.simulator_source()
+            script = os.path.join(server_state.server_dir(req.state_dir, req.name),
+                                  server_simulator.SCRIPT_NAME)
+            extra["simulator_sha256"] = server_simulator.digest(sim_source)
+        spec = render_server(profile, req.engine, req.host, req.port, python,
+                             engine_version=version, module_env=req.env,
+                             simulator_script=script, advertise_host=req.advertise_host,
+                             identity_extra=extra)
+    except (ProfileError, VersionError, server_simulator.SimulatorUnavailable) as exc:
+        raise ServerError(str(exc)) from None
+    if warnings:
+        spec = dataclasses.replace(spec, warnings=tuple(warnings) + spec.warnings)
+    return spec, sim_source
+
+
+def _verify_installed_flags(req: ServerRequest, spec: ServerSpec) -> List[str]:
+    """Unknown flags fail here (before a launch); deprecated ones and unknowns become warnings."""
+    if req.engine != "sglang" or not req.verify_flags:
+        return []
+    problems = server_engine.verify_sglang_flags(req.python or sys.executable, spec.cmd, spec.env)
+    unknown = [p.message for p in problems if p.kind == "unknown_flag"]
+    if unknown:
+        raise ServerError(f"the installed SGLang {spec.engine_version} rejects the rendered "
+                          f"command: {'; '.join(unknown)}", cmd=list(spec.cmd))
+    return [f"flag check: {p.message}" for p in problems]
+
+
+# ---------------------------------------------------------------------------------------------
+# Result helpers
+
+
+def _result_from_spec(spec: ServerSpec, req: ServerRequest, **kw) -> ServerResult:
+    directory = server_state.server_dir(req.state_dir, req.name)
+    return ServerResult(
+        name=req.name, state=req.state, engine=spec.engine, engine_version=spec.engine_version,
+        profile=spec.profile_name, cmd=list(spec.cmd), cmdline=spec.cmdline, env=dict(spec.env),
+        config_hash=spec.config_hash, log_path=os.path.join(directory, server_state.LOG_FILE),
+        state_path=os.path.join(directory, server_state.STATE_FILE), base_url=spec.base_url,
+        model=spec.model, host=spec.host, port=spec.port, notes=list(spec.notes),
+        warnings=list(spec.warnings), ignored_keys=list(spec.ignored_keys), **kw)
+
+
+def _running(state: Optional[ServerState]) -> bool:
+    return bool(state and state.status == "running"
+                and launcher_procs.is_alive(state.pid, state.start_time))
+
+
+def _leftovers(state: Optional[ServerState]) -> dict:
+    if state is None:
+        return {}
+    return launcher_procs.members(state.pid, state.start_time, state.marker,
+                                  launcher_cgroup.pids(state.cgroup))
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop
+
+
+def _stop(req: ServerRequest, state: ServerState) -> dict:
+    report = launcher.stop_tree(state.pid, state.start_time, state.marker, state.cgroup,
+                                grace=req.stop_grace, kill_timeout=req.kill_timeout)
+    port_free = _wait_port_free(state.port, req.port_timeout)
+    state.status = "stopped"
+    server_state.save(req.state_dir, state)
+    outcome = {"killed": report.killed, "survivors": report.survivors,
+               "seconds": report.seconds, "port_free": port_free, "cgroup_kill": report.cgroup_kill}
+    if report.survivors:
+        raise ServerError(f"{len(report.survivors)} process(es) of server {req.name} survived "
+                          f"SIGKILL: {report.survivors}", stopped=outcome)
+    if not port_free:
+        holders = server_ports.describe(server_ports.listeners(state.port))
+        raise ServerError(f"server {req.name} stopped but port {state.port} is still in use by "
+                          f"{', '.join(holders) or 'an unknown process'}", stopped=outcome)
+    return outcome
+
+
+def _wait_port_free(port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while server_ports.is_listening(port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def ensure_stopped(req: ServerRequest) -> ServerResult:
+    state = server_state.load(req.state_dir, req.name)
+    result = ServerResult(changed=False, action="absent", name=req.name, state=req.state)
+    if state is None:
+        result.reason = f"no server named {req.name} under {req.state_dir}"
+        return result
+    for key in ("engine", "engine_version", "config_hash", "pid", "base_url", "model", "host",
+                "port", "log_path", "cgroup"):
+        setattr(result, key, getattr(state, key))
+    result.cmd, result.env, result.profile = list(state.cmd), dict(state.env), state.profile
+    result.cmdline = shlex.join(state.cmd)
+    leftovers = _leftovers(state)
+    if not leftovers:
+        result.action, result.reason = "unchanged", "not running"
+        if state.status != "stopped" and not req.check_mode:
+            state.status = "stopped"
+            server_state.save(req.state_dir, state)
+        return result
+    result.changed = True
+    if req.check_mode:
+        result.action = "would_stop"
+        result.stopped = {"would_kill": [{"pid": p, "comm": i.comm}
+                                         for p, i in sorted(leftovers.items())]}
+        return result
+    result.action = "stopped"
+    result.stopped = _stop(req, state)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Start
+
+
+def cgroup_leaf(name: str, server_dir: str) -> str:
+    """The server's cgroup name: its instance name plus a digest of its state directory.
+
+    The cgroup hierarchy is machine-wide while instance names are only unique within a state
+    directory: two runs using the same profile names (two checkouts, a test beside a benchmark)
+    would otherwise share one cgroup, and stopping one (cgroup.kill) would kill the other."""
+    digest = hashlib.sha256(os.path.realpath(server_dir).encode("utf-8")).hexdigest()[:10]
+    return f"{name}-{digest}"
+
+
+def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
+           result: ServerResult) -> None:
+    directory = server_state.server_dir(req.state_dir, req.name)
+    holders = server_ports.listeners(spec.port)
+    if holders:
+        raise ServerError(
+            f"port {spec.port} is already in use by {', '.join(server_ports.describe(holders))}, "
+            f"which is not server {req.name}: stop it (gpu_reap) or choose another port")
+    if sim_source is not None:
+        server_simulator.materialise(directory, sim_source)
+    choice = launcher_cgroup.prepare(cgroup_leaf(req.name, directory), req.cgroup)
+    marker = f"{req.name}:{uuid.uuid4().hex[:12]}"
+    try:
+        launched = launcher.spawn(spec.cmd, spec.env, result.log_path, directory, marker, choice)
+    except launcher.LaunchError as exc:
+        raise ServerError(str(exc), cmd=list(spec.cmd)) from None
+    state = ServerState(
+        name=req.name, engine=spec.engine, profile=spec.profile_name, status="running",
+        config_hash=spec.config_hash, cmd=list(spec.cmd), env=dict(spec.env), host=spec.host,
+        port=spec.port, probe_host=spec.probe_host, base_url=spec.base_url, model=spec.model,
+        log_path=launched.log_path, marker=marker, pid=launched.pid,
+        start_time=launched.start_time, cgroup=launched.cgroup,
+        engine_version=spec.engine_version, started_at=time.time(),
+        ready=dataclasses.asdict(spec.ready))
+    server_state.save(req.state_dir, state)   # recorded first: a failed wait can still be stopped
+    result.pid, result.cgroup, result.cgroup_reason = launched.pid, launched.cgroup, launched.cgroup_reason
+    try:
+        seconds = wait_ready(spec.probe_host, spec.port, spec.ready, req.ready_timeout,
+                             launched.log_path, launched.process.poll,
+                             probe_timeout=req.probe_timeout)
+    except NotReady as exc:
+        stopped = _stop(req, state) if req.stop_on_failure else None
+        findings = scan_log(launched.log_path, spec.engine)
+        raise ServerError(
+            f"server {req.name} ({spec.engine}) failed to become ready: {exc.reason}"
+            + ("; it was stopped" if stopped else "; it was left running")
+            + f"\n--- last lines of {launched.log_path} ---\n{exc.log_tail}",
+            log_tail=exc.log_tail, exit_code=exc.exit_code, cmd=list(spec.cmd),
+            cmdline=spec.cmdline, log_path=launched.log_path, stopped=stopped,
+            features_skipped=findings.features_skipped) from None
+    state.ready_seconds = seconds
+    server_state.save(req.state_dir, state)
+    result.ready_seconds = seconds
+
+
+def _scan(result: ServerResult, engine: str) -> None:
+    findings = scan_log(result.log_path, engine)
+    result.features_skipped = findings.features_skipped
+    result.engine_adjustments = findings.engine_adjustments
+
+
+def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
+                   warnings: List[str] = ()) -> ServerResult:
+    state = server_state.load(req.state_dir, req.name)
+    result = _result_from_spec(spec, req, changed=True, action="started")
+    result.warnings += list(warnings)
+    running = _running(state)
+    if running and req.state == "started" and state.config_hash == spec.config_hash:
+        exit_code = (lambda: None if launcher_procs.is_alive(state.pid, state.start_time) else "?")
+        # A server that was ready once and cannot generate within one probe budget is sick (it
+        # gets restarted); one that never was ready may still be loading: give it the full time.
+        budget = req.probe_timeout if state.ready_seconds is not None else req.ready_timeout
+        try:
+            wait_ready(spec.probe_host, spec.port, spec.ready,
+                       0.0 if req.check_mode else budget, state.log_path,
+                       exit_code, probe_timeout=req.probe_timeout)
+            result.changed, result.action = False, "unchanged"
+            result.reason = "the same config is already serving"
+            result.pid, result.cgroup = state.pid, state.cgroup
+            result.ready_seconds = state.ready_seconds
+            _scan(result, spec.engine)
+            return result
+        except NotReady as exc:
+            result.action, result.reason = "restarted", f"the running server is not ready: {exc.reason}"
+    elif running and req.state == "started":
+        result.action = "restarted"
+        result.reason = f"config changed ({state.config_hash} -> {spec.config_hash})"
+    elif running:
+        result.action, result.reason = "restarted", "state=restarted"
+    elif state is not None and state.status == "running":
+        result.reason = f"the recorded server (pid {state.pid}) is gone"
+    else:
+        result.reason = "not running"
+    if req.check_mode:
+        result.action = "would_" + ("restart" if result.action == "restarted" else "start")
+        return result
+    if state is not None and _leftovers(state):
+        # The old server, or what survived it (a TP worker holding GPU memory), goes first.
+        result.stopped = _stop(req, state)
+    _start(req, spec, sim_source, result)
+    _scan(result, spec.engine)
+    return result
+
+
+def run(req: ServerRequest) -> ServerResult:
+    if req.state not in STATES:
+        raise ServerError(f"state must be one of {', '.join(STATES)}, got {req.state!r}")
+    if req.state == "stopped":
+        if not NAME_RE.match(req.name or ""):
+            raise ServerError(f"name {req.name!r} must be 1-64 characters of letters, digits, "
+                              f"'.', '_', '-'")
+        if req.check_mode:
+            return ensure_stopped(req)
+        with server_state.locked(req.state_dir, req.name):
+            return ensure_stopped(req)
+    if req.profile is None:
+        raise ServerError(f"profile is required for state={req.state} (e.g. {{name: baseline}})")
+    # Validation and the flag check against the installed engine come before anything is touched.
+    spec, sim_source = build_spec(req)
+    warnings = _verify_installed_flags(req, spec)
+    if req.check_mode:   # reads only: no lock file, no directory
+        return ensure_started(req, spec, sim_source, warnings)
+    with server_state.locked(req.state_dir, req.name):
+        return ensure_started(req, spec, sim_source, warnings)

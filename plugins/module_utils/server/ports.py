@@ -1,0 +1,63 @@
+"""Who listens on a TCP port, from /proc/net/tcp{,6} (standard library only).
+
+Used before a launch (a foreign server on the port would answer the readiness probe and be
+benchmarked instead of ours) and after a stop (the port must be free for the next profile).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Set
+
+from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import list_pids, read_cmdline
+
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+LISTEN = "0A"
+
+
+def listening_inodes(port: int, tables=TCP_TABLES) -> Set[str]:
+    """Socket inodes in LISTEN state on `port`, any address."""
+    inodes = set()
+    for table in tables:
+        try:
+            with open(table, encoding="ascii") as fh:
+                next(fh, None)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) < 10 or fields[3] != LISTEN:
+                        continue
+                    if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        except OSError:
+            continue
+    return inodes
+
+
+def is_listening(port: int) -> bool:
+    return bool(listening_inodes(port))
+
+
+def listeners(port: int) -> Dict[int, str]:
+    """{pid: cmdline} of processes holding a listening socket on `port` (root sees all)."""
+    inodes = listening_inodes(port)
+    if not inodes:
+        return {}
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    holders: Dict[int, str] = {}
+    for pid in list_pids():
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") in wanted:
+                    holders[pid] = read_cmdline(pid)
+                    break
+            except OSError:
+                continue
+    return holders
+
+
+def describe(holders: Dict[int, str]) -> List[str]:
+    return [f"pid {pid} ({cmd[:120] or '?'})" for pid, cmd in sorted(holders.items())]

@@ -1,0 +1,216 @@
+"""bench_report's logic: one run's results -> summary.md, report.html, plots/*.png, and the data.
+
+    report = build_report("results/latest", baseline="baseline")
+    written = write_report(report)            # atomic; only files whose bytes changed
+
+Importable alone (pandas + matplotlib on the controller); the action plugin is a thin wrapper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import run_context
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import (
+    DEFAULT_MAX_ERROR_RATE,
+    ReportError,
+    load_levels,
+    load_run,
+    split_load_modes,
+)
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.render import (
+    ReportContent,
+    crossover_summary,
+    level_table,
+    report_html,
+    summary_markdown,
+    to_markdown,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PLOTS_DIR, REPORT_HTML, SUMMARY
+
+PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png")
+
+__all__ = ["ReportError", "ReportResult", "build_report", "write_report"]
+
+
+@dataclass
+class ReportResult:
+    results_dir: str
+    run_id: str
+    baseline: str
+    table: str  # the side-by-side level table, Markdown
+    crossover: dict  # {profile: {host: C or None}}
+    crossover_details: list  # Crossover as dicts (status, bracket, estimate, text)
+    speedup: list  # SpeedupPoint as dicts
+    recommendation: str
+    time_scale: str
+    comparison: list
+    notes: list
+    warnings: list
+    msg: str
+    files: dict = field(default_factory=dict)  # relative path -> bytes (not returned to Ansible)
+
+    def as_result(self) -> dict:
+        """What the action returns: everything but the file bytes, paths absolute."""
+        data = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "files"
+        }
+        data["files"] = [os.path.join(self.results_dir, rel) for rel in sorted(self.files)]
+        return data
+
+
+def _notes(levels, baseline: str) -> list:
+    profiles = analysis.profiles_in(levels, baseline)
+    if len(profiles) == 1:
+        return [f"Only one profile ({profiles[0]}) in this run: no speedup and no crossover."]
+    if baseline not in profiles:
+        return [
+            f"The baseline profile `{baseline}` has no results in this run (profiles: "
+            f"{', '.join(profiles)}): no speedup and no crossover. Pass `baseline:` naming one "
+            "of them."
+        ]
+    notes = []
+    for host, host_rows in levels.groupby("host", sort=True):
+        if baseline not in set(host_rows["profile"]):
+            notes.append(f"{host} has no {baseline} results: no speedup or crossover there.")
+    return notes
+
+
+def build_report(
+    results_dir: str,
+    baseline: str = "baseline",
+    compare_to: str | None = None,
+    with_plots: bool = True,
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+) -> ReportResult:
+    """Read the run, compute, render; nothing is written (see write_report)."""
+    if not isinstance(baseline, str) or not baseline.strip():
+        raise ReportError("baseline must name a profile (default `baseline`)")
+    if compare_to and not os.path.isdir(compare_to):
+        raise ReportError(
+            f"compare_to {compare_to} is not a directory; pass an earlier "
+            "results/<run_id>, or leave compare_to out"
+        )
+    run = load_run(results_dir, max_error_rate)
+    levels = run.levels
+    speedup = analysis.compute_speedup(levels, baseline)
+    crossovers = analysis.compute_crossover(levels, baseline)
+    _, recommendation = analysis.recommend(levels, baseline, crossovers)
+    measured = set(zip(levels["profile"], levels["host"], strict=True))
+    context = run_context(run.manifest, run.run_id, measured)
+    warnings = list(run.warnings)
+
+    comparison, comparison_note = [], ""
+    if compare_to:
+        if os.path.realpath(compare_to) == os.path.realpath(results_dir):
+            warnings.append("compare_to is this run itself; every change is zero")
+        earlier, _ = load_levels(compare_to, max_error_rate)
+        earlier, _ = split_load_modes(earlier)
+        comparison, comparison_note = analysis.compare_runs(levels, earlier)
+
+    content = ReportContent(
+        run_id=run.run_id,
+        results_dir=results_dir,
+        baseline=baseline,
+        context=context,
+        levels=levels,
+        planned_levels=run.planned_levels,
+        crossovers=crossovers,
+        speedup=speedup,
+        recommendation=recommendation,
+        notes=_notes(levels, baseline),
+        request_errors=run.request_errors,
+        comparison=comparison,
+        comparison_note=comparison_note,
+        compare_to=compare_to,
+        warnings=warnings,
+        rate_levels=run.rate_levels,
+    )
+
+    if with_plots:
+        figures = {
+            "throughput.png": plots.plot_throughput(levels, baseline, crossovers),
+            "latency.png": plots.plot_latency(levels, baseline),
+            "speedup.png": plots.plot_speedup(speedup, baseline),
+            "comparison.png": plots.plot_comparison(
+                comparison, os.path.basename(os.path.realpath(compare_to))
+            )
+            if compare_to
+            else None,
+        }
+        content.plots = {name: png for name, png in figures.items() if png}
+
+    files = {
+        SUMMARY: summary_markdown(content).encode("utf-8"),
+        REPORT_HTML: report_html(content).encode("utf-8"),
+    }
+    files.update({os.path.join(PLOTS_DIR, name): png for name, png in content.plots.items()})
+    table = to_markdown(level_table(content))
+    return ReportResult(
+        results_dir=os.path.abspath(results_dir),
+        run_id=run.run_id,
+        baseline=baseline,
+        table=table,
+        crossover=analysis.crossover_map(crossovers),
+        crossover_details=[dataclasses.asdict(c) for c in crossovers],
+        speedup=[dataclasses.asdict(p) for p in speedup],
+        recommendation=recommendation,
+        time_scale=context.time_scale_text,
+        comparison=[dataclasses.asdict(p) for p in comparison],
+        notes=content.notes,
+        warnings=warnings,
+        msg=crossover_summary(content) + "\n" + recommendation,
+        files=files,
+    )
+
+
+def _atomic_write_bytes(path: str, data: bytes) -> None:
+    """Readers see the old file or the new one, never a torn one (temp file + rename)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_report(report: ReportResult, check_mode: bool = False) -> list:
+    """Write the files whose bytes differ from what is there; return the changed relative paths.
+
+    Plots the report no longer draws (e.g. speedup.png after the baseline went away) are removed,
+    so plots/ never shows a figure from an earlier report of the same run.
+    """
+    changed = []
+    for rel, data in sorted(report.files.items()):
+        path = os.path.join(report.results_dir, rel)
+        try:
+            with open(path, "rb") as fh:
+                if fh.read() == data:
+                    continue
+        except FileNotFoundError:
+            pass
+        changed.append(rel)
+        if not check_mode:
+            _atomic_write_bytes(path, data)
+    for name in PLOT_FILES:
+        rel = os.path.join(PLOTS_DIR, name)
+        path = os.path.join(report.results_dir, rel)
+        if rel not in report.files and os.path.isfile(path):
+            changed.append(rel)
+            if not check_mode:
+                os.unlink(path)
+    return changed

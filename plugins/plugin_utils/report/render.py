@@ -1,0 +1,460 @@
+"""Render the report: the tables (as data), summary.md and a self-contained report.html.
+
+Tables are built once as `Table` (header + rows of strings) and written both as Markdown and as
+HTML, so the two files cannot disagree. The HTML has inline CSS and base64 PNGs only: no script,
+no link, no external URL, so it opens the same offline, attached to a mail or from a share.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import fmt_c, profiles_in
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import RunContext, failed_records
+
+MISSING = "-"
+# Plots in reading order, with their headings in the HTML.
+PLOT_TITLES = {
+    "throughput.png": "Output throughput vs concurrency",
+    "speedup.png": "Speedup against the baseline",
+    "latency.png": "TTFT and TPOT vs concurrency",
+    "comparison.png": "Change against the earlier run",
+}
+
+
+@dataclass
+class Table:
+    headers: list
+    rows: list  # lists of str, one per header
+    footnotes: list = field(default_factory=list)
+
+
+@dataclass
+class ReportContent:
+    run_id: str
+    results_dir: str
+    baseline: str
+    context: RunContext
+    levels: pd.DataFrame
+    planned_levels: list
+    crossovers: list
+    speedup: list
+    recommendation: str
+    notes: list  # sentences such as "single profile: no speedup"
+    request_errors: dict
+    comparison: list = field(default_factory=list)
+    comparison_note: str = ""
+    compare_to: str | None = None
+    warnings: list = field(default_factory=list)
+    plots: dict = field(default_factory=dict)  # file name -> PNG bytes
+    rate_levels: pd.DataFrame | None = None  # open-loop rows, shown apart
+
+
+def _f(value, digits: int = 1) -> str:
+    if value is None:
+        return MISSING
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return MISSING
+    return MISSING if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _pair(row, metric: str) -> str:
+    return f"{_f(row[f'{metric}_p50_ms'])} / {_f(row[f'{metric}_p99_ms'])}"
+
+
+def _tok_s(row) -> str:
+    ci = _f(row["output_tok_s_ci95"])
+    return _f(row["output_tok_s"]) + ("" if ci == MISSING else f" ± {ci}")
+
+
+def _errors(row) -> str:
+    errors, requests = row["errors"], row["requests"]
+    if pd.isna(requests):
+        return MISSING
+    return f"{0 if pd.isna(errors) else int(errors)}/{int(requests)}"
+
+
+def _speedup_cell(point) -> str:
+    if point is None:
+        return ""
+    if point.speedup is None:
+        return MISSING
+    cell = f"{point.speedup:.2f}x"
+    if point.within_ci:
+        cell += "~"
+    if not point.usable:
+        cell = f"({cell})"
+    return cell
+
+
+def all_levels(host_rows: pd.DataFrame, planned: list) -> list:
+    """The host's measured levels plus those the run planned: a missing level shows as missing."""
+    return sorted(set(host_rows["concurrency"].tolist()) | set(planned))
+
+
+def level_table(content: ReportContent) -> Table:
+    """The side-by-side table: per level every profile's throughput, speedup and latencies."""
+    levels, baseline = content.levels, content.baseline
+    speedups = {(p.host, p.profile, p.concurrency): p for p in content.speedup}
+    crossed = {(c.host, c.profile): c.concurrency
+               for c in content.crossovers if c.status == "crossed"}
+    has_baseline = baseline in set(levels["profile"])
+    vs = f"vs {baseline}"
+    headers = (["host"] if levels["host"].nunique() > 1 else []) + [
+        "C", "profile", "output tok/s ± CI95"] + ([vs] if has_baseline else []) + [
+        "TTFT p50 / p99 ms", "TPOT p50 / p99 ms", "ITL p50 / p99 ms", "errors", "notes"]
+    rows = []
+    for host, host_rows in levels.groupby("host", sort=True):
+        by_key = {(r["profile"], int(r["concurrency"])): r for _, r in host_rows.iterrows()}
+        for c in all_levels(host_rows, content.planned_levels):
+            for profile in profiles_in(host_rows, baseline):
+                cells = {"host": str(host), "C": str(c), "profile": profile}
+                row = by_key.get((profile, c))
+                if row is None:
+                    cells["notes"] = "missing: not measured (run cut short or profile failed)"
+                    rows.append([cells.get(h, MISSING) for h in headers])
+                    continue
+                notes = []
+                if row["note"]:
+                    notes.append(f"{row['note']} (excluded)")
+                elif not pd.isna(row["errors"]) and row["errors"] > 0:
+                    notes.append(f"{int(row['errors'])} error(s)")
+                if row.get("flags"):
+                    notes.append(row["flags"])
+                if crossed.get((host, profile)) == c:
+                    notes.append(f"<- falls below {baseline}")
+                cells.update({
+                    "output tok/s ± CI95": _tok_s(row),
+                    vs: _speedup_cell(speedups.get((host, profile, c))),
+                    "TTFT p50 / p99 ms": _pair(row, "ttft"),
+                    "TPOT p50 / p99 ms": _pair(row, "tpot"),
+                    "ITL p50 / p99 ms": _pair(row, "itl"),
+                    "errors": _errors(row),
+                    "notes": "; ".join(notes),
+                })
+                rows.append([cells[h] for h in headers])
+    footnotes = []
+    if has_baseline:
+        footnotes.append(
+            f"{vs}: output tok/s relative to {baseline} at the same level; `~` the difference "
+            "is within the two 95% CIs (a tie); in brackets: a level excluded from the "
+            "crossover and the recommendation.")
+    return Table(headers, rows, footnotes)
+
+
+def side_by_side_table(content: ReportContent, host: str) -> Table:
+    """Output tok/s only, one column per profile: the shape of the curves at a glance."""
+    host_rows = content.levels[content.levels["host"] == host]
+    profiles = profiles_in(host_rows, content.baseline)
+    speedups = {(p.profile, p.concurrency): p for p in content.speedup if p.host == host}
+    others = [p for p in profiles if p != content.baseline and content.baseline in profiles]
+    headers = ["C"] + profiles + [f"{p} vs {content.baseline}" for p in others]
+    by_key = {(r["profile"], int(r["concurrency"])): r for _, r in host_rows.iterrows()}
+    rows = []
+    for c in all_levels(host_rows, content.planned_levels):
+        cells = [str(c)]
+        for profile in profiles:
+            row = by_key.get((profile, c))
+            cell = MISSING if row is None else _f(row["output_tok_s"])
+            if row is not None and not row["usable"]:
+                cell += " (excluded)"
+            cells.append(cell)
+        cells += [_speedup_cell(speedups.get((p, c))) or MISSING for p in others]
+        rows.append(cells)
+    return Table(headers, rows)
+
+
+def compare_table(content: ReportContent) -> Table:
+    multi_host = len({p.host for p in content.comparison}) > 1
+    headers = (["host"] if multi_host else []) + [
+        "C",
+        "profile",
+        "output tok/s",
+        "earlier",
+        "change",
+        "TTFT p50 ms (earlier)",
+        "TPOT p50 ms (earlier)",
+    ]
+    rows = []
+    for p in content.comparison:
+        change = MISSING if p.delta_pct is None else f"{p.delta_pct:+.1f}%"
+        rows.append(
+            ([p.host] if multi_host else [])
+            + [
+                str(p.concurrency),
+                p.profile,
+                _f(p.output_tok_s),
+                _f(p.earlier_output_tok_s),
+                change,
+                f"{_f(p.ttft_p50_ms)} ({_f(p.earlier_ttft_p50_ms)})",
+                f"{_f(p.tpot_p50_ms)} ({_f(p.earlier_tpot_p50_ms)})",
+            ]
+        )
+    return Table(headers, rows)
+
+
+def rate_table(content: ReportContent) -> Table | None:
+    """Open-loop (request-rate) levels: shown as measured, outside the concurrency comparison."""
+    rows_in = content.rate_levels
+    if rows_in is None or rows_in.empty:
+        return None
+    headers = [
+        "host",
+        "profile",
+        "request/s offered",
+        "max in flight",
+        "output tok/s ± CI95",
+        "TTFT p50 / p99 ms",
+        "TPOT p50 / p99 ms",
+        "errors",
+        "notes",
+    ]
+    rows = []
+    for _, row in rows_in.sort_values(["host", "profile", "request_rate"]).iterrows():
+        notes = "; ".join(n for n in (row["note"], row.get("flags", "")) if n)
+        rows.append(
+            [
+                str(row["host"]),
+                str(row["profile"]),
+                _f(row.get("request_rate"), 2),
+                str(int(row["concurrency"])),
+                _tok_s(row),
+                _pair(row, "ttft"),
+                _pair(row, "tpot"),
+                _errors(row),
+                notes,
+            ]
+        )
+    return Table(
+        headers,
+        rows,
+        [
+            "Open-loop levels are not part of the speedup, crossover or "
+            "recommendation, which compare closed-loop concurrency levels."
+        ],
+    )
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(table: Table) -> str:
+    lines = [
+        "| " + " | ".join(_md_cell(h) for h in table.headers) + " |",
+        "|" + "|".join("---" for _ in table.headers) + "|",
+    ]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
+    if table.footnotes:
+        lines += [""] + list(table.footnotes)
+    return "\n".join(lines)
+
+
+def to_html(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in table.headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+        for row in table.rows
+    )
+    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in table.footnotes)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}"
+
+
+def crossover_lines(content: ReportContent) -> list:
+    return [c.text for c in content.crossovers]
+
+
+def _run_lines(content: ReportContent) -> list:
+    ctx = content.context
+    lines = [f"run: {content.run_id} ({content.results_dir})"]
+    if ctx.started_at or ctx.finished_at:
+        lines.append(
+            f"started {ctx.started_at or '?'}, finished {ctx.finished_at or 'not recorded'}"
+        )
+    if ctx.git_commit:
+        lines.append(
+            f"servelab commit {ctx.git_commit}"
+            + (" (uncommitted changes)" if ctx.git_dirty else "")
+        )
+    for host, gpus in sorted(ctx.gpus.items()):
+        lines.append(f"{host}: {gpus}")
+    return lines
+
+
+def _failure_lines(content: ReportContent) -> list:
+    lines = []
+    for rec in failed_records(content.context):
+        where = "" if rec.host == "*" else f" on {rec.host}"
+        if (rec.status or "").lower() == "started":
+            lines.append(f"{rec.profile}{where}: started but never finished (run cut short?)")
+        else:
+            lines.append(
+                f"{rec.profile}{where} FAILED"
+                + (f" in '{rec.failed_task}'" if rec.failed_task else "")
+                + (f": {rec.error}" if rec.error else "")
+            )
+    for (host, profile, c), errors in sorted(content.request_errors.items(), key=str):
+        top = "; ".join(f"{n}x {text}" for text, n in errors)
+        lines.append(f"{profile} on {host} at C={c}: request errors: {top}")
+    return lines
+
+
+def _skipped_lines(content: ReportContent) -> list:
+    return [
+        f"{r.profile}"
+        + ("" if r.host == "*" else f" on {r.host}")
+        + f": the server log says a requested feature was skipped: {', '.join(r.features_skipped)}"
+        for r in content.context.records
+        if r.features_skipped
+    ]
+
+
+def _excluded_lines(content: ReportContent) -> list:
+    bad = content.levels[~content.levels["usable"]]
+    return [
+        f"{r['profile']} on {r['host']} at C={int(r['concurrency'])}: {r['note']}"
+        for _, r in bad.iterrows()
+    ]
+
+
+def summary_markdown(content: ReportContent) -> str:
+    hosts = sorted(content.levels["host"].unique())
+    out = [f"# servelab benchmark report: {content.run_id}", ""]
+    out += [f"- {line}" for line in _run_lines(content)] + [""]
+    out += ["## Time scale", "", content.context.time_scale_text, ""]
+    out += ["## Recommendation", "", content.recommendation, ""]
+    out += ["## Crossover", ""]
+    lines = crossover_lines(content) or content.notes or ["no profile to compare with the baseline"]
+    out += [f"- {line}" for line in lines] + [""]
+    if content.notes and crossover_lines(content):
+        out += [f"- {note}" for note in content.notes] + [""]
+    out += ["## Levels side by side", "", to_markdown(level_table(content)), ""]
+    for host in hosts:
+        title = "## Output tok/s per profile" + (f": {host}" if len(hosts) > 1 else "")
+        out += [title, "", to_markdown(side_by_side_table(content, host)), ""]
+    rates = rate_table(content)
+    if rates:
+        out += ["## Open-loop levels (request rate)", "", to_markdown(rates), ""]
+    for title, lines in (
+        ("Excluded levels", _excluded_lines(content)),
+        ("Failures and errors", _failure_lines(content)),
+        ("Skipped features", _skipped_lines(content)),
+        ("Warnings", content.warnings),
+    ):
+        if lines:
+            out += [f"## {title}", ""] + [f"- {line}" for line in lines] + [""]
+    if content.compare_to:
+        out += [f"## Compared with {content.compare_to}", ""]
+        if content.comparison_note:
+            out += [content.comparison_note, ""]
+        if content.comparison:
+            out += [to_markdown(compare_table(content)), ""]
+    if content.plots:
+        out += ["## Plots", ""] + [f"- plots/{name}" for name in sorted(content.plots)] + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 80em; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f0f0f0; }
+td:nth-child(2), td:last-child { text-align: left; }
+p.note { font-size: 0.85em; color: #555; }
+pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 0.8em; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
+.rec { background: #eef6ee; padding: 0.8em; border-left: 4px solid #4a4; }
+"""
+
+
+def _ul(lines: list) -> str:
+    return "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>"
+
+
+def report_html(content: ReportContent) -> str:
+    hosts = sorted(content.levels["host"].unique())
+    esc = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        "<html lang='en'><head><meta charset='utf-8'>",
+        f"<title>servelab report {esc(content.run_id)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>servelab benchmark report: {esc(content.run_id)}</h1>",
+        _ul(_run_lines(content)),
+        "<h2>Time scale</h2>",
+        f"<p>{esc(content.context.time_scale_text)}</p>",
+        "<h2>Recommendation</h2>",
+        f"<p class='rec'>{esc(content.recommendation)}</p>",
+        "<h2>Crossover</h2>",
+        _ul((crossover_lines(content) or []) + content.notes or ["no profile to compare"]),
+    ]
+    order = list(PLOT_TITLES)
+    for name in sorted(content.plots, key=lambda n: order.index(n) if n in order else len(order)):
+        data = base64.b64encode(content.plots[name]).decode("ascii")
+        title = PLOT_TITLES.get(name, name)
+        parts.append(f"<h3>{esc(title)}</h3>"
+                     f"<img alt='{esc(title)}' src='data:image/png;base64,{data}'>")
+    parts += ["<h2>Levels side by side</h2>", to_html(level_table(content))]
+    for host in hosts:
+        parts += [
+            f"<h2>Output tok/s per profile{': ' + esc(host) if len(hosts) > 1 else ''}</h2>",
+            to_html(side_by_side_table(content, host)),
+        ]
+    rates = rate_table(content)
+    if rates:
+        parts += ["<h2>Open-loop levels (request rate)</h2>", to_html(rates)]
+    for title, lines in (
+        ("Excluded levels", _excluded_lines(content)),
+        ("Failures and errors", _failure_lines(content)),
+        ("Skipped features", _skipped_lines(content)),
+        ("Warnings", content.warnings),
+    ):
+        if lines:
+            parts += [f"<h2>{esc(title)}</h2>", _ul(lines)]
+    tails = [r for r in failed_records(content.context) if r.log_tail]
+    for rec in tails:
+        parts.append(
+            f"<details><summary>log tail: {esc(rec.profile)} on {esc(rec.host)}</summary>"
+            f"<pre>{esc(rec.log_tail)}</pre></details>"
+        )
+    if content.compare_to:
+        parts.append(f"<h2>Compared with {esc(content.compare_to)}</h2>")
+        if content.comparison_note:
+            parts.append(f"<p>{esc(content.comparison_note)}</p>")
+        if content.comparison:
+            parts.append(to_html(compare_table(content)))
+    commands = [r for r in content.context.records if r.cmdline]
+    if commands:
+        parts.append("<h2>Server command lines</h2>")
+        for rec in commands:
+            env = " ".join(f"{k}={v}" for k, v in sorted(rec.env.items()))
+            parts.append(
+                f"<details><summary>{esc(rec.profile)} on {esc(rec.host)} "
+                f"({esc(rec.engine or 'engine?')})</summary>"
+                f"<pre>{esc((env + ' ') if env else '')}{esc(rec.cmdline)}</pre></details>"
+            )
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def crossover_summary(content: ReportContent) -> str:
+    """Short text for the action's `msg` and the callback: crossovers, then the recommendation."""
+    lines = crossover_lines(content) or content.notes
+    estimates = [c for c in content.crossovers if c.status == "crossed"]
+    head = (
+        "crossover: "
+        + ", ".join(
+            f"{c.profile}@{c.host} C={c.concurrency} (est. {fmt_c(round(c.estimate, 1))})"
+            for c in estimates
+        )
+        if estimates
+        else "crossover: none"
+    )
+    return head + "\n" + "\n".join(lines)
