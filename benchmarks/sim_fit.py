@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fit the simulator's field profiles to the field data (DESIGN.md section 6). Standard library.
+"""Fit the simulator's field profiles to the field data (docs/architecture.md, 'The simulator'). Standard library.
 
     python3 benchmarks/sim_fit.py [--margin 0.03] [--moe-token-share 0.2]
         [--prefill-per-token-ms 0.05] [--iterations 120]

@@ -587,7 +587,7 @@ def predict_crossover(baseline, spec, levels: Sequence[int],
     return None
 
 
-# --- the field data the profiles are fitted to (DESIGN.md section 6) -----------------------------
+# --- the field data the profiles are fitted to (docs/architecture.md, 'The simulator') -----------------------------
 @dataclass(frozen=True)
 class FieldPoint:
     profile: str

@@ -1,4 +1,4 @@
-"""The run manifest (DESIGN 5b): results/<run_id>/manifest.json, merged by many writers.
+"""The run manifest (docs/architecture.md, results contract): results/<run_id>/manifest.json, merged by many writers.
 
 Several hosts benchmark in parallel Ansible forks and each records its own part (GPU facts, the
 server command line of each profile, failures). Every writer takes an exclusive fcntl lock on

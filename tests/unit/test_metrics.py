@@ -1,4 +1,4 @@
-"""The measurement definitions of DESIGN 5 (plugins/module_utils/loadgen/metrics.py)."""
+"""The measurement definitions (plugins/module_utils/loadgen/metrics.py)."""
 from __future__ import annotations
 
 import math

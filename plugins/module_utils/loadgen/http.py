@@ -5,7 +5,7 @@ streams, because the cost per streamed token is what limits a Python client: the
 are handled in one callback, with `bytes.find` and no coroutine switch per chunk. The clock is read
 once per socket read: every chunk in that read arrived at that moment.
 
-Timing rules (DESIGN 5): t_send is taken immediately before `transport.write` (which, on an idle
+Timing rules (docs/architecture.md, 'Measurement'): t_send is taken immediately before `transport.write` (which, on an idle
 connection, hands the bytes to the kernel within the call); t_first/t_last are the arrival of the
 first/last chunk that carried generated tokens.
 

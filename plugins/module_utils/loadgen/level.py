@@ -1,4 +1,4 @@
-"""The load generator: runs one load level and measures it (DESIGN section 5). Stdlib only.
+"""The load generator: runs one load level and measures it (docs/architecture.md, 'Measurement'). Stdlib only.
 
 Load modes
 - concurrency (closed loop, default): C workers, each on its own keep-alive connection, each

@@ -1,4 +1,4 @@
-"""Measurement definitions (DESIGN section 5): every figure servelab reports is defined here, once.
+"""Measurement definitions: every figure servelab reports is defined here, once.
 
 Clock: every time is the client's CLOCK_MONOTONIC in integer nanoseconds (`time.monotonic_ns`).
 

@@ -1,4 +1,4 @@
-"""The results contract (DESIGN 5b): file names, column names and atomic writes.
+"""The results contract (docs/architecture.md): file names, column names and atomic writes.
 
 Every producer (llm_bench) and consumer (bench_report, tests, testinfra) reads the names from
 here, so a renamed column breaks loudly in one place instead of silently in three.
@@ -26,7 +26,7 @@ REQUEST_FIELDS = (
     "ttft_ms", "e2e_ms", "tpot_ms", "chunks", "error", "in_window",
 )
 
-# One row per (host, profile, concurrency) in levels.csv; the columns DESIGN 5b requires first,
+# One row per (host, profile, concurrency) in levels.csv; the contract's required columns first,
 # then extra columns. Consumers must tolerate extra columns.
 LEVEL_COLUMNS = (
     "host", "profile", "concurrency", "requests", "errors", "window_s",

@@ -1,4 +1,4 @@
-"""llm_bench's result files (DESIGN 5b, docs/contracts.md).
+"""llm_bench's result files (docs/architecture.md, results contract).
 
 Each finished level is written as two part files, atomically:
   results/<run_id>/parts/<host>__<profile>__c<C>.json    {"level": row, "warnings": [...]}

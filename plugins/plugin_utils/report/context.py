@@ -114,7 +114,7 @@ def _gpu_summary(facts: dict) -> str | None:
 
 
 def time_scale_statement(records: list, measured: set) -> str:
-    """One sentence on the simulator's time scale; DESIGN 6: the report states the factor."""
+    """One sentence on the simulator's time scale; the report always states the factor."""
     relevant = [
         r
         for r in records
