@@ -20,7 +20,10 @@ from ansible.utils.display import Display
 
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
-    ACTION_ONLY_OPTIONS, BenchOptionsError, level_configs, level_failure,
+    BenchOptionsError, level_configs, level_failure,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
+    ACTION_ARGUMENT_SPEC, ACTION_ONLY_OPTIONS,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     rebuild_run_files, write_level_files,
@@ -72,26 +75,26 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
+        # The module's own argument spec (plus the action's options): unknown options, wrong
+        # types and missing required ones fail here, on the controller, before any level runs.
+        _, validated = self.validate_argument_spec(argument_spec=ACTION_ARGUMENT_SPEC)
+        args = {k: v for k, v in validated.items() if v is not None}
         if not args.get("run_id"):
             args["run_id"] = time.strftime("%Y%m%dT%H%M%S")
         if "/" in str(args["run_id"]) or str(args["run_id"]).startswith("."):
             raise AnsibleActionFail("llm_bench: run_id %r must be a plain directory name (no '/', "
                                     "not starting with '.')" % args["run_id"])
-        stop_on_failure = args.get("stop_on_failure", True) not in (False, "false", "no")
-        args.setdefault("host_label", task_vars.get("inventory_hostname", "localhost"))
+        stop_on_failure = args["stop_on_failure"]
+        if "host_label" not in self._task.args:
+            # Rows are labelled with the server's inventory name, not the spec's generic default.
+            args["host_label"] = task_vars.get("inventory_hostname", "localhost")
         module_args = {k: v for k, v in args.items() if k not in ACTION_ONLY_OPTIONS}
-        if isinstance(module_args.get("concurrency"), int):
-            module_args["concurrency"] = [module_args["concurrency"]]
-        # Check every option here, before the first level sends anything.
+        # Every option is checked here, before the first level sends anything; a workload file
+        # is read and checked where it is, on the bench client, by the module's first call.
         try:
-            check_params = dict(module_args)
-            check_params.setdefault("base_url", "")
-            configs, workload = level_configs(_coerce(check_params))
+            configs, _ = level_configs(module_args, read_workload=False)
         except BenchOptionsError as exc:
             raise AnsibleActionFail("llm_bench: %s" % exc)
-        except (TypeError, ValueError) as exc:
-            raise AnsibleActionFail("llm_bench: bad option: %s" % exc)
         run_dir = self._results_dir(args, task_vars)
         parts_dir = os.path.join(run_dir, PARTS_DIR)
         if self._task.check_mode:
@@ -157,44 +160,3 @@ class ActionModule(ActionBase):
         except ManifestError as exc:
             raise AnsibleActionFail("llm_bench: level written to %s but levels.csv not rebuilt: "
                                     "%s" % (parts_dir, exc))
-
-
-def _coerce(params: dict) -> dict:
-    """Templated task args arrive as strings where the module would convert them; mirror the
-    module's argument_spec conversions the controller-side check needs."""
-    out = dict(params)
-
-    def to_list(value, kind):
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        try:
-            return [kind(v) for v in value]
-        except (TypeError, ValueError):
-            raise BenchOptionsError("expected a list of numbers, got %r" % (value,))
-
-    try:
-        out["concurrency"] = to_list(out.get("concurrency"), int)
-    except BenchOptionsError as exc:
-        raise BenchOptionsError("concurrency: %s" % exc)
-    if out.get("request_rate") is not None:
-        try:
-            out["request_rate"] = to_list(out.get("request_rate"), float)
-        except BenchOptionsError as exc:
-            raise BenchOptionsError("request_rate: %s" % exc)
-    for key, kind in (("max_tokens", int), ("level_seconds", float), ("warmup_requests", int),
-                      ("min_window_requests", int), ("max_requests", int),
-                      ("level_timeout", float), ("stall_timeout", float), ("ci_batches", int),
-                      ("target_ci_pct", float), ("processes", int), ("seed", int),
-                      ("ramp_seconds", float), ("socket_rcvbuf", int)):
-        if out.get(key) not in (None, ""):
-            try:
-                out[key] = kind(out[key])
-            except (TypeError, ValueError):
-                raise BenchOptionsError("%s: expected a number, got %r" % (key, out[key]))
-        elif key in out:
-            out[key] = None
-    return out

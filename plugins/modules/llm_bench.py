@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """llm_bench: run load levels against an LLM server from the bench client and measure them.
 
-Thin module: the logic is plugins/module_utils/servelab/loadgen*.py, metrics*.py, workloads.py.
+Thin module: the logic is plugins/module_utils/loadgen/ (options, config, level, metrics, workloads).
 The action plugin of the same name (plugins/action/llm_bench.py) loops over the levels on the
 controller and writes the results; this module runs on the bench client.
 """
@@ -254,43 +254,11 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (  # noqa: E402
     BenchOptionsError, level_configs, run_levels,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files  # noqa: E402
-
-ARGUMENT_SPEC = dict(
-    base_url=dict(type="str", required=True),
-    model=dict(type="str", default=""),
-    api=dict(type="str", default="openai_chat",
-             choices=["openai_chat", "openai_completions", "sglang_generate"]),
-    api_key=dict(type="str", no_log=True),
-    host_label=dict(type="str", default="localhost"),
-    profile=dict(type="str", default="default"),
-    concurrency=dict(type="list", elements="int", required=True),
-    load_mode=dict(type="str", default="concurrency", choices=["concurrency", "rate"]),
-    request_rate=dict(type="list", elements="float"),
-    arrival=dict(type="str", default="poisson", choices=["poisson", "constant"]),
-    workload=dict(type="dict", default={"kind": "builtin"}),
-    max_tokens=dict(type="int", default=256),
-    ignore_eos=dict(type="bool", default=False),
-    extra_body=dict(type="dict", default={}),
-    level_seconds=dict(type="float", default=30.0),
-    warmup_requests=dict(type="int", default=1),
-    min_window_requests=dict(type="int"),
-    max_requests=dict(type="int"),
-    level_timeout=dict(type="float", default=600.0),
-    stall_timeout=dict(type="float", default=120.0),
-    slo=dict(type="dict", default={}),
-    ci_batches=dict(type="int", default=10),
-    target_ci_pct=dict(type="float"),
-    processes=dict(type="int", default=1),
-    ramp_seconds=dict(type="float", default=0.5),
-    socket_rcvbuf=dict(type="int", default=65536),
-    seed=dict(type="int", default=1),
-    per_chunk_usage=dict(type="bool", default=True),
-    server_metrics=dict(type="bool", default=True),
-    results_dir=dict(type="path"),
-    return_requests=dict(type="bool", default=True),
+# One spec for the module and its action plugin; its defaults are LevelConfig's.
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (  # noqa: E402
+    ARGUMENT_SPEC,
 )
-
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files  # noqa: E402
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)

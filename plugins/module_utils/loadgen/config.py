@@ -11,10 +11,14 @@ from typing import List, Optional, Tuple
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
     LevelConfig, LoadgenError, STOP_REASONS, STOP_FAILING, round_up_processes, run_level,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import Workload, WorkloadError, load
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
+    ACTION_ONLY_OPTIONS, level_fields, with_defaults,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import (
+    Workload, WorkloadError, check_spec, load,
+)
 
-# Options that are the action plugin's own (the module never sees them).
-ACTION_ONLY_OPTIONS = ("run_id", "results_root", "stop_on_failure")
+__all__ = ["ACTION_ONLY_OPTIONS", "BenchOptionsError", "level_configs", "run_levels"]
 
 
 class BenchOptionsError(ValueError):
@@ -50,13 +54,22 @@ def _levels(params: dict) -> List[Tuple[int, Optional[float]]]:
     return [(c, None) for c in conc]
 
 
-def level_configs(params: dict) -> Tuple[List[LevelConfig], Workload]:
-    """Validate every option and build one LevelConfig per level, before any load is sent."""
+def level_configs(params: dict, read_workload: bool = True
+                  ) -> Tuple[List[LevelConfig], Optional[Workload]]:
+    """Validate every option and build one LevelConfig per level, before any load is sent.
+
+    `params` are llm_bench's options (options.ARGUMENT_SPEC); unset ones take the spec's
+    defaults, and nothing else is defaulted here. With `read_workload` false (the controller's
+    check), the workload option's shape is checked but no file is read: a jsonl workload lives on
+    the bench client, where the module reads and checks it before its first request."""
+    params = with_defaults(params)
     try:
-        workload = load(params.get("workload"))
+        workload = load(params["workload"]) if read_workload else None
+        if not read_workload:
+            check_spec(params["workload"])
     except WorkloadError as exc:
         raise BenchOptionsError(str(exc)) from None
-    slo = dict(params.get("slo") or {})
+    slo = dict(params["slo"])
     for key, value in slo.items():
         if key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
             raise BenchOptionsError("slo.%s: unknown SLO; use ttft_ms, tpot_ms, e2e_ms" % key)
@@ -64,46 +77,17 @@ def level_configs(params: dict) -> Tuple[List[LevelConfig], Workload]:
             slo[key] = None if value in (None, "") else float(value)
         except (TypeError, ValueError):
             raise BenchOptionsError("slo.%s: expected milliseconds, got %r" % (key, value))
+    common = dict(level_fields(params), slo=slo, extra_body=dict(params["extra_body"]))
     configs = []
     for concurrency, rate in _levels(params):
-        processes = int(params.get("processes", 1) if params.get("processes") is not None else 1)
+        processes = common["processes"]
         if processes == 0:
             processes = round_up_processes(concurrency)
-        cfg = LevelConfig(
-            base_url=params["base_url"],
-            model=params.get("model") or "",
-            api=params.get("api") or "openai_chat",
-            concurrency=concurrency,
-            load_mode=params.get("load_mode") or "concurrency",
-            request_rate=rate,
-            arrival=params.get("arrival") or "poisson",
-            max_tokens=int(params.get("max_tokens") or 256),
-            ignore_eos=bool(params.get("ignore_eos")),
-            level_seconds=float(params.get("level_seconds") or 30.0),
-            warmup_requests=params.get("warmup_requests"),
-            min_window_requests=params.get("min_window_requests"),
-            max_requests=params.get("max_requests"),
-            level_timeout=float(params.get("level_timeout") or 600.0),
-            stall_timeout=float(params.get("stall_timeout") or 120.0),
-            slo=slo,
-            ci_batches=int(params.get("ci_batches") or 10),
-            target_ci_pct=params.get("target_ci_pct"),
-            processes=processes,
-            seed=int(params.get("seed") or 1),
-            ramp_seconds=float(params["ramp_seconds"]) if params.get("ramp_seconds") is not None
-            else 0.5,
-            socket_rcvbuf=(int(params["socket_rcvbuf"]) if params.get("socket_rcvbuf") is not None
-                           else 65536),
-            extra_body=dict(params.get("extra_body") or {}),
-            api_key=params.get("api_key"),
-            per_chunk_usage=params.get("per_chunk_usage", True) is not False,
-            server_metrics=params.get("server_metrics", True) is not False,
-            host_label=params.get("host_label") or "localhost",
-            profile=params.get("profile") or "default",
-        )
+        cfg = LevelConfig(**dict(common, concurrency=concurrency, request_rate=rate,
+                                 processes=processes))
         try:
             cfg.validate()
-        except (LoadgenError, ValueError) as exc:
+        except (LoadgenError, TypeError, ValueError) as exc:
             raise BenchOptionsError(str(exc)) from None
         configs.append(cfg)
     return configs, workload

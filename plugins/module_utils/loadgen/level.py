@@ -95,7 +95,7 @@ class LevelConfig:
     max_tokens: int = 256
     ignore_eos: bool = False
     level_seconds: float = 30.0
-    warmup_requests: Optional[int] = None       # default: C
+    warmup_requests: Optional[int] = 1          # per worker (closed loop)
     min_window_requests: Optional[int] = None   # default: C (closed loop) or 10 (open loop)
     max_requests: Optional[int] = None
     level_timeout: float = 600.0

@@ -264,37 +264,53 @@ def _positive_int(spec: dict, key: str, default=None) -> int:
     return value
 
 
-def load(spec: Optional[dict]) -> Workload:
-    """Build the workload from the option dict, validating every field first."""
+def check_spec(spec: Optional[dict]) -> dict:
+    """Validate the workload option's shape, reading no file: the controller checks this before
+    the first level, the bench client (where a jsonl file lives) then reads the file in load()."""
     spec = dict(spec or {"kind": "builtin"})
     if "kind" in spec and "type" in spec and spec["kind"] != spec["type"]:
         raise WorkloadError("workload: give `kind` only (`type` is an alias), got kind=%r and "
                             "type=%r" % (spec["kind"], spec["type"]))
-    kind = spec.get("kind", spec.get("type", "builtin"))
+    kind = spec.pop("type", None) or spec.get("kind") or "builtin"
+    spec["kind"] = kind
     if kind not in WORKLOAD_TYPES:
         raise WorkloadError("workload.kind %r: expected one of %s" % (kind,
                                                                       ", ".join(WORKLOAD_TYPES)))
-    known = {"kind", "type", "input_tokens", "output_tokens", "count", "spread", "seed", "path",
-             "limit"}
+    known = {"kind", "input_tokens", "output_tokens", "count", "spread", "seed", "path", "limit"}
     unknown = sorted(set(spec) - known)
     if unknown:
         raise WorkloadError("workload: unknown key(s) %s; known: %s" % (
-            ", ".join(unknown), ", ".join(sorted(known))))
-    if kind == "builtin":
-        return builtin()
+            ", ".join(unknown), ", ".join(sorted(known | {"type"}))))
     if kind == "synthetic":
         for key in ("input_tokens", "output_tokens"):
             if key not in spec:
                 raise WorkloadError("workload.%s is required for kind synthetic (e.g. "
                                     "input_tokens: 512, output_tokens: 256)" % key)
-        spread = float(spec.get("spread", 0.0))
+            spec[key] = _positive_int(spec, key)
+        spec["count"] = _positive_int(spec, "count", 64)
+        try:
+            spread = float(spec.get("spread", 0.0))
+        except (TypeError, ValueError):
+            spread = -1.0
         if not 0.0 <= spread < 1.0:
-            raise WorkloadError("workload.spread: expected a fraction in [0, 1), got %r" % spread)
-        return synthetic(_positive_int(spec, "input_tokens"), _positive_int(spec, "output_tokens"),
-                         count=_positive_int(spec, "count", 64), spread=spread,
-                         seed=int(spec.get("seed", 1)))
-    if not spec.get("path"):
-        raise WorkloadError("workload.path is required for kind jsonl (a JSONL file of prompts "
-                            "on the bench client)")
-    limit = spec.get("limit")
-    return from_jsonl(str(spec["path"]), _positive_int(spec, "limit") if limit else None)
+            raise WorkloadError("workload.spread: expected a fraction in [0, 1), got %r"
+                                % spec.get("spread"))
+        spec["spread"] = spread
+        spec["seed"] = int(spec.get("seed", 1))
+    elif kind == "jsonl":
+        if not spec.get("path"):
+            raise WorkloadError("workload.path is required for kind jsonl (a JSONL file of "
+                                "prompts on the bench client)")
+        spec["limit"] = _positive_int(spec, "limit") if spec.get("limit") else None
+    return spec
+
+
+def load(spec: Optional[dict]) -> Workload:
+    """Build the workload from the option dict, validating every field first."""
+    spec = check_spec(spec)
+    if spec["kind"] == "builtin":
+        return builtin()
+    if spec["kind"] == "synthetic":
+        return synthetic(spec["input_tokens"], spec["output_tokens"], count=spec["count"],
+                         spread=spec["spread"], seed=spec["seed"])
+    return from_jsonl(str(spec["path"]), spec["limit"])
