@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """gpu_reap against the field method: time from the call to GPU memory verified free.
 
     python3 benchmarks/reap_bench.py --json OUT.json [--repeat 3] [--workers 8] [--mib 1024]
@@ -46,9 +45,8 @@ gpu_env.use_module_utils()
 from gpu_fleet import Fleet, alive  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.facts import GpuFactsOptions, collect_gpu_facts  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import open_backend  # noqa: E402
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (  # noqa: E402
-    DeviceMatcher, find_device_holders, scan_processes,
-)
+from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import DeviceMatcher, find_device_holders  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapOptions, reap  # noqa: E402
 
 GOAL_SECONDS = 1.5
@@ -82,7 +80,7 @@ def smi_used():
     smi = shutil.which("nvidia-smi")
     if smi:
         out = subprocess.run([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             stdout=subprocess.PIPE, universal_newlines=True, timeout=60).stdout
+                             stdout=subprocess.PIPE, text=True, timeout=60, check=False).stdout
         return [int(x.strip()) for x in out.split()]
     return memory_used()
 
@@ -103,7 +101,7 @@ class FreePoller(threading.Thread):
         self.stop = threading.Event()
 
     def run(self):
-        backend, _ = open_backend("auto")
+        backend, _reason = open_backend("auto")
         if backend is None:
             return
         try:

@@ -203,6 +203,14 @@ survivors:
   returned: always
   type: list
   elements: dict
+vanished:
+  description:
+    - Targets that exited during the reap without a signal of the reaper ending them (same fields
+      as RV(killed), with C(signal) null) - gone before they were signalled, or they ignored
+      SIGTERM and exited on their own during O(grace). Not counted as a change.
+  returned: always
+  type: list
+  elements: dict
 spared:
   description: Processes that matched but are protected, with the reason.
   returned: always
@@ -260,7 +268,7 @@ import dataclasses
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapOptions, reap
-from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup_scan import DEFAULT_CONTAINER_CGROUP_GLOBS
+from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup import DEFAULT_CONTAINER_CGROUP_GLOBS
 from ansible_collections.servelab.serving.plugins.module_utils.proc.select import DEFAULT_PATTERNS
 
 

@@ -24,9 +24,10 @@ gpu_env.use_module_utils()
 from gpu_fleet import Fleet, alive, proc_state  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.facts import GpuFactsOptions, collect_gpu_facts  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import open_backend  # noqa: E402
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (  # noqa: E402
-    DeviceMatcher, find_device_holders, mapped_device_files, open_device_files, scan_processes,
+from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import (  # noqa: E402
+    DeviceMatcher, find_device_holders, mapped_device_files, open_device_files,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapOptions, reap  # noqa: E402
 
 THRESHOLD_MIB = 256          # a leftover target holds >= 1 GiB + its context: far above this

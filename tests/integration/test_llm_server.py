@@ -14,7 +14,8 @@ import uuid
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc import tree as launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import read_process
 from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports, state as server_state
 from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerError, ServerRequest, run
 
@@ -69,7 +70,7 @@ def lab(tmp_path):
         except (OSError, ValueError):
             pass
     for pid in lab.pids:
-        if launcher_procs.is_alive(pid):
+        if lifetime.is_alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -98,8 +99,8 @@ def test_started_is_idempotent_and_a_config_change_restarts(lab):
     changed = lab.run(name, engine="command", port=port, profile=fake_profile(model="other"))
     assert (changed.changed, changed.action) == (True, "restarted")
     assert "config changed" in changed.reason and changed.config_hash != first.config_hash
-    assert changed.pid != first.pid and launcher_procs.is_alive(changed.pid)
-    assert not launcher_procs.is_alive(first.pid)
+    assert changed.pid != first.pid and lifetime.is_alive(changed.pid)
+    assert not lifetime.is_alive(first.pid)
     assert first.pid in {k["pid"] for k in changed.stopped["killed"]}
     assert os.path.exists(changed.log_path + ".1")          # the first run's log is kept
 
@@ -112,14 +113,14 @@ def test_a_server_that_stopped_generating_is_restarted(lab):
     again = lab.run(name, engine="command", port=port, profile=profile, probe_timeout=2)
     assert (again.changed, again.action) == (True, "restarted")
     assert "not ready" in again.reason and "HTTP 503" in again.reason
-    assert again.pid != first.pid and not launcher_procs.is_alive(first.pid)
+    assert again.pid != first.pid and not lifetime.is_alive(first.pid)
 
 
 def test_a_dead_server_is_started_again(lab):
     name, port = unique("dead"), free_port()
     first = lab.run(name, engine="command", port=port, profile=fake_profile())
     os.kill(first.pid, signal.SIGKILL)
-    assert launcher_procs.wait_until_gone([first.pid], timeout=30) == set()
+    assert lifetime.wait_until_gone([first.pid], timeout=30) == set()
     again = lab.run(name, engine="command", port=port, profile=fake_profile())
     assert (again.changed, again.action) == (True, "started")
     assert f"pid {first.pid}) is gone" in again.reason and again.pid != first.pid
@@ -170,13 +171,13 @@ def test_stop_kills_a_tree_with_a_double_forked_child_and_frees_the_port(lab, tm
     started = lab.run(name, engine="command", port=port,
                       profile=fake_profile("tree", "--double-fork", pid_file))
     daemon = int(open(pid_file).read())
-    info = launcher_procs.read_proc(daemon)
+    info = read_process(daemon)
     assert info.sid != started.pid and info.pgid != started.pid    # escaped session and group
 
     stopped = lab.run(name, state="stopped")
     assert (stopped.changed, stopped.action) == (True, "stopped")
     assert {started.pid, daemon} <= {k["pid"] for k in stopped.stopped["killed"]}
-    assert not launcher_procs.is_alive(daemon) and not launcher_procs.is_alive(started.pid)
+    assert not lifetime.is_alive(daemon) and not lifetime.is_alive(started.pid)
     assert stopped.stopped["port_free"] and not server_ports.is_listening(port)
     assert server_state.load(lab.state_dir, name).status == "stopped"
 
@@ -201,7 +202,7 @@ def test_check_mode_reports_and_touches_nothing(lab):
     stop = lab.run(name, state="stopped", check_mode=True)
     assert (stop.changed, stop.action) == (True, "would_stop")
     assert started.pid in {p["pid"] for p in stop.stopped["would_kill"]}
-    assert launcher_procs.is_alive(started.pid)                 # still serving
+    assert lifetime.is_alive(started.pid)                 # still serving
     assert server_state.load(lab.state_dir, name).config_hash == started.config_hash
 
 
@@ -344,8 +345,8 @@ def test_same_name_in_two_state_dirs_are_two_servers(lab, tmp_path):
         if first.cgroup and second.cgroup:
             assert first.cgroup != second.cgroup
         stopped = run(lab.request(name, state="stopped", state_dir=other_dir))
-        assert stopped.changed and not launcher_procs.is_alive(second.pid)
-        assert launcher_procs.is_alive(first.pid), "stopping a namesake killed this server"
+        assert stopped.changed and not lifetime.is_alive(second.pid)
+        assert lifetime.is_alive(first.pid), "stopping a namesake killed this server"
         again = lab.run(name, engine="command", port=port, profile=fake_profile())
         assert (again.changed, again.action) == (False, "unchanged")
     finally:

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc import tree as launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime, tree as proc_tree
 from ansible_collections.servelab.serving.plugins.module_utils.server import state as server_state
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -99,8 +99,8 @@ def cleanup(tmp_path):
     yield state_dir, names
     for name in names:
         state = server_state.load(state_dir, name)
-        if state and launcher_procs.is_alive(state.pid, state.start_time):
-            members = launcher_procs.members(state.pid, state.start_time, state.marker)
+        if state and lifetime.is_alive(state.pid, state.start_time):
+            members = proc_tree.members(state.pid, state.start_time, state.marker)
             for pid in members:
                 os.kill(pid, signal.SIGKILL)
 
@@ -135,7 +135,7 @@ def test_llm_server_through_ansible_playbook(tmp_path, cleanup):
     fourth = results["fourth"]
     assert fourth["changed"] is True and fourth["stopped"]["port_free"] is True
     assert first["pid"] in [k["pid"] for k in fourth["stopped"]["killed"]]
-    assert not launcher_procs.is_alive(first["pid"])
+    assert not lifetime.is_alive(first["pid"])
 
 
 SIM_PLAYBOOK = """

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 #   --hold PATH        keep PATH open (repeatable)
 #   --map-only PATH    mmap PATH, then close the fd (only the mapping remains)
 #   --ignore-term      ignore SIGTERM (needs SIGKILL)
+#   --exit-after SECS  exit by itself SECS after it is ready
 #   --child ARGS       spawn a child running this script with ARGS (a JSON list; repeatable)
 #   --double-fork ARGS fork, setsid, fork again, exec this script with ARGS in the grandchild
 #   --cgroup DIR       move itself into the cgroup DIR before anything else
@@ -39,7 +40,7 @@ def flag(name):
         args.remove(name); return True
     return False
 holds, maps, kids, dfs = take("--hold"), take("--map-only"), take("--child"), take("--double-fork")
-cgroups, ready = take("--cgroup"), take("--ready")
+cgroups, ready, exit_after = take("--cgroup"), take("--ready"), take("--exit-after")
 if flag("--setsid"):
     os.setsid()
 for cg in cgroups:
@@ -97,6 +98,9 @@ if ready:
         json.dump({"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
                    "children": children, "detached": detached}, fh)
     os.rename(tmp, ready[0])
+if exit_after:
+    time.sleep(float(exit_after[0]))
+    sys.exit(0)
 while True:
     time.sleep(3600)
 '''

@@ -16,11 +16,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_reap_helpers import Spawner, alive, all_pids, wait_until  # noqa: E402
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (  # noqa: E402
-    DeviceMatcher, find_device_holders, scan_processes,
-)
+from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import DeviceMatcher, find_device_holders  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapInputError, ReapOptions, reap  # noqa: E402
-from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup_scan import v2_root  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup import v2_root  # noqa: E402
 
 
 @pytest.fixture
@@ -137,6 +136,16 @@ def test_sigterm_ignored_escalates_to_sigkill(sp):
     assert killed[polite["pid"]].signal == "SIGTERM"
     assert not alive(stubborn["pid"]) and not alive(polite["pid"])
     assert res.phases["terminate_s"] >= 0.5 - 0.05   # the stubborn one used the grace period
+
+
+def test_a_target_that_leaves_on_its_own_is_vanished_not_killed(sp):
+    # ignores SIGTERM and exits by itself during the grace: no signal of ours ended it
+    leaver = sp.start("leaver", "--ignore-term", "--exit-after", "1.5", *cuda(sp))
+    res = reap(opts(sp, grace=20))
+    assert [r.pid for r in res.vanished] == [leaver["pid"]]
+    assert res.vanished[0].signal is None and res.vanished[0].found_by == "device_fd"
+    assert res.killed == [] and res.survivors == [] and not res.changed
+    assert res.phases["terminate_s"] < 10, "the grace wait did not end when it left"
 
 
 def test_double_forked_setsid_grandchild_holding_the_device_is_reaped(sp):

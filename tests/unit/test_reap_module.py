@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_reap_helpers import (  # noqa: E402
-    Spawner, alive, assert_doc_matches_spec, repo_root, run_playbook, task_results,
-    task_results_for,
+    Spawner, alive, assert_doc_matches_spec, module_doc_and_spec, repo_root, run_playbook,
+    task_results, task_results_for,
 )
 
 
@@ -153,3 +153,11 @@ def test_proxmox_host_example_play(sp, tmp_path):
 
 def test_gpu_reap_documentation_matches_its_argument_spec():
     assert_doc_matches_spec("gpu_reap")
+
+
+def test_every_result_field_of_gpu_reap_is_documented():
+    import dataclasses
+    from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapResult
+    _doc, _examples, ret, _spec = module_doc_and_spec("gpu_reap")
+    fields = {f.name for f in dataclasses.fields(ReapResult)} - {"changed"}
+    assert fields <= set(ret), "undocumented in RETURN: %s" % sorted(fields - set(ret))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import DeviceHit, ProcInfo, parse_stat
+from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import DeviceHit
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import ProcInfo, parse_stat
 from ansible_collections.servelab.serving.plugins.module_utils.proc.select import (
     DEFAULT_PATTERNS, SelectionPolicy, compile_patterns, select_targets,
 )
@@ -16,7 +17,7 @@ def proc(pid, ppid, cmdline="", comm=None, pgid=None, sid=None, state="S", nspid
     return ProcInfo(pid=pid, ppid=ppid, pgid=pgid if pgid is not None else pid,
                     sid=sid if sid is not None else pid, state=state,
                     comm=comm if comm is not None else (cmdline.split() or ["?"])[0][:15],
-                    cmdline=cmdline, starttime=pid * 10, nspid=tuple(nspid),
+                    cmdline=cmdline, start_time=pid * 10, nspid=tuple(nspid),
                     kernel_thread=kernel)
 
 
@@ -212,7 +213,7 @@ def test_bad_regex_names_the_option():
 
 
 def test_parse_stat_with_spaces_and_parens_in_comm():
-    comm, fields, state = parse_stat(
+    fields = parse_stat(
         "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 12345 0 0")
-    assert comm == "a) b (c" and state == "S"
-    assert fields["ppid"] == 1 and fields["pgid"] == 4242 and fields["starttime"] == 12345
+    assert fields.comm == "a) b (c" and fields.state == "S"
+    assert fields.ppid == 1 and fields.pgid == 4242 and fields.start_time == 12345

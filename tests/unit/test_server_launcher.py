@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.server import launcher
-from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as launcher_cgroup, tree as launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as proc_cgroup, lifetime, tree as proc_tree
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import read_process
 
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
 TERM_IGNORER = [sys.executable, "-c",
@@ -45,20 +46,20 @@ def procs(tmp_path):
         except (OSError, ValueError):
             pass
     for pid in pids:
-        if launcher_procs.is_alive(pid):
+        if lifetime.is_alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    launcher_procs.reap(pids)
+    lifetime.collect_exited_children(pids)
     for path in started["cgroups"]:
-        launcher_cgroup.kill_all(path)
-        launcher_cgroup.remove(path, timeout=5)
+        proc_cgroup.kill(path)
+        proc_cgroup.remove(path, timeout=5)
 
 
 def spawn(tmp_path, procs, cmd, cgroup="auto"):
     name = f"test-{uuid.uuid4().hex[:8]}"
-    choice = launcher_cgroup.prepare(name, cgroup)
+    choice = proc_cgroup.prepare(name, cgroup)
     if choice.path:
         procs["cgroups"].append(choice.path)
     launched = launcher.spawn(cmd, {"SERVELAB_TEST": "1"}, str(tmp_path / "server.log"),
@@ -76,19 +77,19 @@ def wait_for_file(path, timeout=30):
 
 
 def need_cgroup():
-    probe = launcher_cgroup.prepare(f"probe-{uuid.uuid4().hex[:6]}")
+    probe = proc_cgroup.prepare(f"probe-{uuid.uuid4().hex[:6]}")
     if not probe.path:
         pytest.skip(f"no writable cgroup v2 hierarchy on this machine ({probe.reason})")
-    launcher_cgroup.remove(probe.path)
+    proc_cgroup.remove(probe.path)
 
 
 def test_spawn_detaches_into_its_own_session_with_log_and_marker(tmp_path, procs):
     launched = spawn(tmp_path, procs, SLEEPER, cgroup="none")
-    info = launcher_procs.read_proc(launched.pid)
+    info = read_process(launched.pid)
     assert info.sid == launched.pid and info.pgid == launched.pid
     assert info.sid != os.getsid(0)
     assert launched.start_time == info.start_time
-    assert launcher_procs.has_marker(launched.pid, launched.marker)
+    assert proc_tree.has_marker(launched.pid, launched.marker)
     env = open(f"/proc/{launched.pid}/environ", "rb").read().split(b"\0")
     assert b"SERVELAB_TEST=1" in env
     assert os.path.exists(launched.log_path)
@@ -97,7 +98,7 @@ def test_spawn_detaches_into_its_own_session_with_log_and_marker(tmp_path, procs
 def test_spawn_joins_the_cgroup_before_exec(tmp_path, procs):
     need_cgroup()
     launched = spawn(tmp_path, procs, SLEEPER)
-    assert launched.cgroup and launched.pid in launcher_cgroup.pids(launched.cgroup)
+    assert launched.cgroup and launched.pid in proc_cgroup.member_pids(launched.cgroup)
 
 
 def test_stop_kills_a_double_forked_grandchild_through_the_cgroup(tmp_path, procs):
@@ -106,12 +107,12 @@ def test_stop_kills_a_double_forked_grandchild_through_the_cgroup(tmp_path, proc
     procs["pid_files"].append(pid_file)
     launched = spawn(tmp_path, procs, DOUBLE_FORK + [pid_file])
     grandchild = wait_for_file(pid_file)
-    info = launcher_procs.read_proc(grandchild)
+    info = read_process(grandchild)
     assert info.pgid != launched.pid and info.sid != launched.pid   # it really escaped
     report = launcher.stop_tree(launched.pid, launched.start_time, None, launched.cgroup,
                                 grace=5, kill_timeout=5)
-    assert not launcher_procs.is_alive(grandchild)
-    assert not launcher_procs.is_alive(launched.pid)
+    assert not lifetime.is_alive(grandchild)
+    assert not lifetime.is_alive(launched.pid)
     assert {grandchild, launched.pid} <= {k["pid"] for k in report.killed}
     assert report.survivors == []
     assert not os.path.exists(launched.cgroup)
@@ -126,7 +127,7 @@ def test_stop_kills_a_double_forked_grandchild_without_a_cgroup(tmp_path, procs)
     grandchild = wait_for_file(pid_file)
     report = launcher.stop_tree(launched.pid, launched.start_time, launched.marker, None,
                                 grace=5, kill_timeout=5)
-    assert not launcher_procs.is_alive(grandchild)
+    assert not lifetime.is_alive(grandchild)
     assert grandchild in {k["pid"] for k in report.killed}
 
 
@@ -137,8 +138,8 @@ def test_a_process_group_kill_alone_misses_the_escapee(tmp_path, procs):
     launched = spawn(tmp_path, procs, DOUBLE_FORK + [pid_file], cgroup="none")
     grandchild = wait_for_file(pid_file)
     os.killpg(launched.pid, signal.SIGKILL)
-    assert launcher_procs.wait_until_gone([launched.pid], timeout=10) == set()
-    assert launcher_procs.is_alive(grandchild)
+    assert lifetime.wait_until_gone([launched.pid], timeout=10) == set()
+    assert lifetime.is_alive(grandchild)
 
 
 def test_a_server_ignoring_sigterm_gets_sigkill_after_the_grace(tmp_path, procs):
@@ -150,21 +151,21 @@ def test_a_server_ignoring_sigterm_gets_sigkill_after_the_grace(tmp_path, procs)
         time.sleep(0.05)
     report = launcher.stop_tree(launched.pid, launched.start_time, launched.marker, None,
                                 grace=0.5, kill_timeout=10)
-    assert not launcher_procs.is_alive(launched.pid)
+    assert not lifetime.is_alive(launched.pid)
     assert [k["signal"] for k in report.killed if k["pid"] == launched.pid] == ["SIGKILL"]
 
 
 def test_a_cgroup_that_cannot_be_joined_falls_back_without_one(tmp_path, procs):
-    bogus = launcher_cgroup.CgroupChoice(str(tmp_path / "not-a-cgroup"), "test")
+    bogus = proc_cgroup.CgroupChoice(str(tmp_path / "not-a-cgroup"), "test")
     launched = launcher.spawn(SLEEPER, {}, str(tmp_path / "server.log"), str(tmp_path), "m:x",
                               bogus)
     procs["pids"].add(launched.pid)
     assert launched.cgroup is None and "started without a cgroup" in launched.cgroup_reason
-    assert launcher_procs.is_alive(launched.pid)
+    assert lifetime.is_alive(launched.pid)
 
 
 def test_a_missing_executable_is_a_launch_error(tmp_path):
-    choice = launcher_cgroup.CgroupChoice(None, "none")
+    choice = proc_cgroup.CgroupChoice(None, "none")
     with pytest.raises(launcher.LaunchError) as err:
         launcher.spawn(["/nonexistent/engine", "serve"], {}, str(tmp_path / "log"),
                        str(tmp_path), "m:x", choice)
@@ -172,14 +173,14 @@ def test_a_missing_executable_is_a_launch_error(tmp_path):
 
 
 def test_members_never_include_the_caller_or_its_ancestors():
-    found = launcher_procs.members(os.getpid(), None)
+    found = proc_tree.members(os.getpid(), None)
     assert os.getpid() not in found and os.getppid() not in found
 
 
 def test_a_reused_pid_is_not_the_same_process(tmp_path, procs):
     launched = spawn(tmp_path, procs, SLEEPER, cgroup="none")
-    assert launcher_procs.is_alive(launched.pid, launched.start_time)
-    assert not launcher_procs.is_alive(launched.pid, launched.start_time + 1)
+    assert lifetime.is_alive(launched.pid, launched.start_time)
+    assert not lifetime.is_alive(launched.pid, launched.start_time + 1)
 
 
 def test_previous_log_is_kept(tmp_path):
@@ -203,8 +204,8 @@ def test_orphans_of_a_dead_root_are_found_by_their_group(tmp_path, procs):
     launched = spawn(tmp_path, procs, script + [pid_file], cgroup="none")
     worker = wait_for_file(pid_file)
     os.kill(launched.pid, signal.SIGKILL)
-    assert launcher_procs.wait_until_gone([launched.pid], timeout=10) == set()
-    found = launcher_procs.members(launched.pid, launched.start_time, marker=None)
+    assert lifetime.wait_until_gone([launched.pid], timeout=10) == set()
+    found = proc_tree.members(launched.pid, launched.start_time, marker=None)
     assert set(found) == {worker}
     report = launcher.stop_tree(launched.pid, launched.start_time, None, None, grace=5)
-    assert not launcher_procs.is_alive(worker) and report.survivors == []
+    assert not lifetime.is_alive(worker) and report.survivors == []

@@ -2,40 +2,41 @@
 
 The field fix was `kill -9` of every python3 process, `fuser -k /dev/nvidia*` and `sleep 3`:
 it kills unrelated work and guesses at timing. Here:
-1. select (reaper_select): GPU compute processes (holders of /dev/nvidia* with a CUDA context,
+1. select (proc/select.py): GPU compute processes (holders of /dev/nvidia* with a CUDA context,
    i.e. /dev/nvidia-uvm mapped), SGLang/vLLM worker names, the server's cgroups,
    grown to their trees and orphaned groups; never our own ancestry, protected work or
    infrastructure;
-2. SIGTERM, wait up to `grace` for each to exit, then SIGKILL (or `cgroup.kill`), wait up to
-   `kill_timeout`; a zombie whose parent is not us counts as gone (it has released its memory
-   and device files; only its parent can reap it);
+2. end them through proc/terminate.py, the one function that signals (SIGTERM, wait up to
+   `grace` for each to exit, then SIGKILL, or `cgroup.kill` for a cgroup with nothing protected
+   inside, wait up to `kill_timeout`; a pid reused meanwhile is never hit; a zombie whose parent
+   is not us counts as gone: it has released its memory and device files);
 3. rescan (a process may have forked while we waited) for a bounded number of rounds;
 4. poll GPU memory until every GPU is back to the baseline or `memory_timeout` passes: no
    fixed sleeps anywhere; every wait ends as soon as its condition holds.
 
-Signals go through pidfds where the kernel has them (Linux 5.3+), so a pid reused meanwhile is
-never hit; elsewhere the process's start time is re-checked before each signal.
-Standard library only; pynvml is used when importable (see gpufacts_query).
+Standard library only; pynvml is used when importable (see gpu/query.py).
 """
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import BACKENDS, GpuMemory, open_backend
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (
-    DeviceHit, DeviceMatcher, ProcInfo, find_device_holders, mapped_device_files, read_process,
-    scan_processes, still_running,
+from ansible_collections.servelab.serving.plugins.module_utils.proc import terminate as proc_terminate
+from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup import (
+    DEFAULT_CONTAINER_CGROUP_GLOBS, CgroupDir, container_bases, container_cgroup_dirs,
+    member_pids, resolve_cgroup_dirs, v2_root,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup_scan import (
-    DEFAULT_CONTAINER_CGROUP_GLOBS, CgroupDir, cgroup_pids, container_bases,
-    container_cgroup_dirs, kill_cgroup, resolve_cgroup_dirs, v2_root,
+from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import (
+    DeviceHit, DeviceMatcher, find_device_holders, mapped_device_files,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
+    ProcInfo, read_stat, scan_processes, still_running,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.select import (
-    DEFAULT_PATTERNS, Candidate, SelectionPolicy, compile_patterns, select_targets,
+    DEFAULT_PATTERNS, Candidate, Selection, SelectionPolicy, compile_patterns, select_targets,
 )
 
 GPU_BACKENDS = BACKENDS + ("none",)
@@ -97,6 +98,9 @@ class ReapResult:
     killed: List[ProcessReport] = field(default_factory=list)
     would_kill: List[ProcessReport] = field(default_factory=list)
     survivors: List[ProcessReport] = field(default_factory=list)
+    # targets that exited while the reap ran without a signal of ours ending them (gone before
+    # it was signalled, or it ignored SIGTERM and left on its own)
+    vanished: List[ProcessReport] = field(default_factory=list)
     spared: List[Dict[str, object]] = field(default_factory=list)
     memory_before: List[GpuMemory] = field(default_factory=list)
     memory_after: List[GpuMemory] = field(default_factory=list)
@@ -186,70 +190,7 @@ def validate(opts: ReapOptions) -> Dict[str, list]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Signalling
-
-
-class _Target:
-    """A selected process, pinned by pidfd (or by start time) so a reused pid is never hit."""
-
-    def __init__(self, info: ProcInfo, cand: Candidate, proc_root: str) -> None:
-        self.info = info
-        self.cand = cand
-        self.proc_root = proc_root
-        self.signal: Optional[str] = None
-        self.pidfd: Optional[int] = None
-        self.done = False
-        open_fd = getattr(os, "pidfd_open", None)
-        if open_fd is not None:
-            try:
-                fd = open_fd(info.pid)
-            except OSError:
-                fd = None
-            if fd is not None:
-                # the pidfd names whatever has this pid now: make sure it is still our process
-                if still_running(info.pid, info.starttime, proc_root):
-                    self.pidfd = fd
-                else:
-                    os.close(fd)
-                    self.done = True
-
-    def alive(self) -> bool:
-        if not self.done and not still_running(self.info.pid, self.info.starttime,
-                                               self.proc_root):
-            self.done = True
-        return not self.done
-
-    def send(self, sig: int, label: str) -> None:
-        if not self.alive():
-            return
-        try:
-            if self.pidfd is not None and hasattr(signal, "pidfd_send_signal"):
-                signal.pidfd_send_signal(self.pidfd, sig)
-            else:
-                os.kill(self.info.pid, sig)
-            self.signal = label
-        except ProcessLookupError:
-            self.done = True
-        except PermissionError:
-            pass            # reported as a survivor with its state
-
-    def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-def _wait_all_gone(targets: List[_Target], timeout: float) -> None:
-    """Poll until every target has exited, or timeout. Starts fast (5 ms) since most processes
-    exit promptly on SIGTERM, backs off to 50 ms."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while any(t.alive() for t in targets):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        time.sleep(min(delay, left))
-        delay = min(delay * 2, 0.05)
+# Reports
 
 
 def _candidate_report(info: ProcInfo, cand: Candidate, container: bool) -> ProcessReport:
@@ -260,9 +201,10 @@ def _candidate_report(info: ProcInfo, cand: Candidate, container: bool) -> Proce
         else None)
 
 
-def _report(t: _Target, container: bool) -> ProcessReport:
-    rep = _candidate_report(t.info, t.cand, container)
-    rep.signal = t.signal
+def _outcome_report(o: proc_terminate.ProcessOutcome, cand: Candidate,
+                    container: bool) -> ProcessReport:
+    rep = _candidate_report(o.info, cand, container)
+    rep.signal = o.signal
     return rep
 
 
@@ -370,7 +312,7 @@ def reap(opts: ReapOptions) -> ReapResult:
         handled: Set[int] = set()
         owned_groups: Set[int] = set()     # groups/sessions of reaped trees: what appears in
         owned_sessions: Set[int] = set()   # them later was forked by a target meanwhile
-        all_targets: List[_Target] = []
+        unsettled: List[Tuple[proc_terminate.ProcessOutcome, Candidate]] = []   # survivors
         for round_no in range(max(1, opts.rounds)):
             t0 = time.monotonic()
             table = scan_processes(opts.proc_root)
@@ -378,7 +320,7 @@ def reap(opts: ReapOptions) -> ReapResult:
             if container:
                 scope = set()
                 for d in result.container_cgroups:
-                    scope |= cgroup_pids(d)
+                    scope |= member_pids(d)
             cgdirs = resolve_cgroup_dirs(opts.cgroups, bases) if opts.cgroups else []
             members = {pid: d.path for d in cgdirs for pid in d.pids}
             holders = find_device_holders(
@@ -411,26 +353,30 @@ def reap(opts: ReapOptions) -> ReapResult:
                 break
             if not sel.targets:
                 break
-            targets = [_Target(table[pid], cand, opts.proc_root)
-                       for pid, cand in sel.targets.items()]
             handled.update(sel.targets)
-            all_targets.extend(targets)
-            for t in targets:
-                if t.info.pgid == t.info.pid or t.info.pgid not in table:
-                    owned_groups.add(t.info.pgid)
-                if t.info.sid == t.info.pid:
-                    owned_sessions.add(t.info.sid)
-            _terminate(targets, cgdirs, sel.never, opts, result, handled, all_targets)
-        for t in all_targets:
-            t.close()
-        for t in all_targets:
-            if t.alive():
-                rep = _report(t, container)
-                fresh = read_process(t.info.pid, opts.proc_root)
-                rep.state = fresh.state if fresh else None
+            for pid in sel.targets:
+                info = table[pid]
+                if info.pgid == info.pid or info.pgid not in table:
+                    owned_groups.add(info.pgid)
+                if info.sid == info.pid:
+                    owned_sessions.add(info.sid)
+            outcome = _terminate(table, sel, cgdirs, opts, result)
+            cands = _candidates(outcome, sel, handled)
+            result.killed += [_outcome_report(o, cands[o.pid], container) for o in outcome.killed]
+            result.vanished += [_outcome_report(o, cands[o.pid], container)
+                                for o in outcome.vanished]
+            unsettled += [(o, cands[o.pid]) for o in outcome.survivors]
+        # A survivor of an early round may have exited while later rounds ran.
+        for o, cand in unsettled:
+            rep = _outcome_report(o, cand, container)
+            if still_running(o.pid, o.info.start_time, opts.proc_root):
+                stat = read_stat(o.pid, opts.proc_root)
+                rep.state = stat.state if stat else None
                 result.survivors.append(rep)
-            elif t.signal is not None:
-                result.killed.append(_report(t, container))
+            elif o.signal is not None:
+                result.killed.append(rep)
+            else:
+                result.vanished.append(rep)
         result.changed = bool(result.killed)
 
         if backend is not None:
@@ -448,60 +394,34 @@ def reap(opts: ReapOptions) -> ReapResult:
     return result
 
 
-def _terminate(targets: List[_Target], cgdirs: List[CgroupDir], never: Dict[int, str],
-               opts: ReapOptions, result: ReapResult,
-               handled: Set[int], all_targets: List[_Target]) -> None:
-    """SIGTERM, grace, then SIGKILL / cgroup.kill, and wait for exit."""
-    t0 = time.monotonic()
-    for t in targets:
-        t.send(signal.SIGTERM, "SIGTERM")
-    _wait_all_gone(targets, opts.grace)
-    result.phases["terminate_s"] = result.phases.get("terminate_s", 0.0) + time.monotonic() - t0
+def _candidates(outcome: proc_terminate.TerminationResult, sel: Selection,
+                handled: Set[int]) -> Dict[int, Candidate]:
+    """How each process of the outcome was found: the selection's candidate, or the server
+    cgroup it appeared in after the scan (killed with it; later rounds leave it alone)."""
+    cands = dict(sel.targets)
+    for o in outcome.killed + outcome.survivors + outcome.vanished:
+        if o.origin == proc_terminate.ORIGIN_CGROUP:
+            cands[o.pid] = Candidate(o.pid, "cgroup", None, o.cgroup or "")
+            handled.add(o.pid)
+    return cands
 
-    t0 = time.monotonic()
-    remaining = [t for t in targets if t.alive()]
-    # cgroup.kill takes everything in the cgroup at once, including processes forked since the
-    # scan; used only where nothing protected lives in it (e.g. the reaper itself).
+
+def _terminate(table: Dict[int, ProcInfo], sel: Selection, cgdirs: List[CgroupDir],
+               opts: ReapOptions, result: ReapResult) -> proc_terminate.TerminationResult:
+    """End one round's targets; what was never to be touched stays protected, including
+    against a whole-cgroup kill."""
+    outcome = proc_terminate.terminate(proc_terminate.TerminationPlan(
+        targets=[table[pid] for pid in sel.targets], protected=sel.never,
+        cgroups=[d.path for d in cgdirs if d.exists], grace=opts.grace,
+        kill_timeout=opts.kill_timeout, proc_root=opts.proc_root))
+    by_path = {c.path: c for c in outcome.cgroups}
     for d in cgdirs:
-        if not d.exists:
+        done = by_path.get(d.path)
+        if done is None or done.action == proc_terminate.CGROUP_NOT_NEEDED:
             continue
-        now = cgroup_pids(d.path)
-        live_targets_inside = [t for t in remaining if t.info.pid in now]
-        unlisted = now - {t.info.pid for t in all_targets}
-        if not live_targets_inside and not unlisted:
-            continue
-        blocked = sorted(p for p in now if p in never)
-        if blocked:
-            d.note = ("not using cgroup.kill: protected process(es) %s inside; killed per process"
-                      % ", ".join(str(p) for p in blocked))
-            continue
-        if not d.can_kill:
-            d.note = "no cgroup.kill here (cgroup v1 or kernel < 5.14): killed per process"
-            continue
-        # processes that appeared in the cgroup after the scan: record them before they die
-        extra: List[_Target] = []
-        for pid in sorted(unlisted):
-            info = read_process(pid, opts.proc_root)
-            if info is not None and not info.gone:
-                extra.append(_Target(info, Candidate(pid, "cgroup", None, d.path),
-                                     opts.proc_root))
-        # they were alive a moment ago; once the write returns they may already be gone, so
-        # what ended them is noted before, and put back if the write fails
-        victims = [t for t in live_targets_inside + extra if t.alive()]
-        previous = [t.signal for t in victims]
-        for t in victims:
-            t.signal = "cgroup.kill"
-        if kill_cgroup(d.path):
-            d.killed_with_cgroup_kill = True
-        else:
-            for t, sig in zip(victims, previous):
-                t.signal = sig
-            d.note = "writing cgroup.kill failed: killed per process"
-        handled.update(t.info.pid for t in extra)
-        all_targets.extend(extra)
-        remaining.extend(extra)
-    for t in remaining:
-        if t.signal != "cgroup.kill":
-            t.send(signal.SIGKILL, "SIGKILL")
-    _wait_all_gone(remaining, opts.kill_timeout)
-    result.phases["kill_s"] = result.phases.get("kill_s", 0.0) + time.monotonic() - t0
+        d.killed_with_cgroup_kill = done.action == proc_terminate.CGROUP_KILLED
+        if done.note:
+            d.note = done.note
+    result.phases["terminate_s"] = result.phases.get("terminate_s", 0.0) + outcome.term_seconds
+    result.phases["kill_s"] = result.phases.get("kill_s", 0.0) + outcome.kill_seconds
+    return outcome

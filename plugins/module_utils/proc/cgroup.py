@@ -1,32 +1,52 @@
-"""A cgroup v2 directory per server: every process it ever forks stays findable and killable.
+"""cgroup v2 directories: make one per server, find named ones, list their members, kill them whole.
 
-A process group kill misses a child that double-forks into a new session; a cgroup does not let
-it out. systemd is not PID 1 on these machines (no systemd-run), so the launcher makes the cgroup
-itself: on a cgroup v2 host the hierarchy is at /sys/fs/cgroup, on a v1 "hybrid" host the v2
-hierarchy is mounted at /sys/fs/cgroup/unified (no controllers needed: membership and
-`cgroup.kill` are enough). Where neither is writable, the launcher works without one.
+Standard library only (runs on the target).
+
+Why cgroups: a process-group or session kill misses a child that double-forks into a new
+session; a cgroup does not let it out, and cgroup v2's `cgroup.kill` (kernel 5.14+) SIGKILLs all
+of its members in one write, including those forked a moment ago. Whether that write is allowed
+(nothing protected inside) is decided by proc/terminate.py, the one place that signals.
+
+systemd is not PID 1 on these machines (no systemd-run), so the launcher makes the server's
+cgroup itself, `<v2 root>/servelab/<name>`: on a cgroup v2 host the hierarchy is at
+/sys/fs/cgroup, on a v1 "hybrid" host the v2 hierarchy is mounted at /sys/fs/cgroup/unified (no
+controllers needed: membership and `cgroup.kill` are enough). Where neither is writable, the
+launcher works without one.
+
+For the Proxmox-host variant of the reaper, a container's processes are those in its cgroup,
+`/sys/fs/cgroup/lxc/<vmid>` on PVE (or `.../<controller>/lxc/<vmid>` on v1 hierarchies).
 """
 from __future__ import annotations
 
 import errno
+import glob
 import os
-import signal
 import time
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence, Set
 
+CGROUP_FS = "/sys/fs/cgroup"
 PARENT = "servelab"
 MOUNTINFO = "/proc/self/mountinfo"
-PREFERRED_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+PREFERRED_MOUNTS = (CGROUP_FS, CGROUP_FS + "/unified")
+
+# Where a container's cgroup lives, "{vmid}" replaced. PVE: lxc/<vmid> (the container's own
+# processes are under lxc/<vmid>/ns, its monitor under lxc.monitor/<vmid>, which stays out).
+# Plain LXC 4+: lxc.payload.<name>. v1 hierarchies put the same paths under each controller.
+DEFAULT_CONTAINER_CGROUP_GLOBS = (
+    "/sys/fs/cgroup/lxc/{vmid}",
+    "/sys/fs/cgroup/*/lxc/{vmid}",
+    "/sys/fs/cgroup/lxc.payload.{vmid}",
+    "/sys/fs/cgroup/*/lxc.payload.{vmid}",
+)
 
 
-@dataclass(frozen=True)
-class CgroupChoice:
-    path: Optional[str]      # the server's cgroup directory, or None
-    reason: str              # why this one, or why none
+# ---------------------------------------------------------------------------------------------
+# The hierarchy
 
 
 def cgroup2_mounts(mountinfo: str = MOUNTINFO) -> List[str]:
+    """Mount points of cgroup v2 hierarchies, the usual ones first."""
     mounts = []
     try:
         with open(mountinfo, encoding="utf-8") as fh:
@@ -39,6 +59,27 @@ def cgroup2_mounts(mountinfo: str = MOUNTINFO) -> List[str]:
         pass
     preferred = [m for m in PREFERRED_MOUNTS if m in mounts]
     return preferred + [m for m in mounts if m not in preferred]
+
+
+def v2_root(cgroup_fs: str = CGROUP_FS) -> Optional[str]:
+    """The cgroup v2 mount where relative cgroup names are looked up: the unified hierarchy
+    itself, or the hybrid layout's 'unified'."""
+    if os.path.exists(os.path.join(cgroup_fs, "cgroup.controllers")):
+        return cgroup_fs
+    unified = os.path.join(cgroup_fs, "unified")
+    if os.path.exists(os.path.join(unified, "cgroup.procs")):
+        return unified
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# A server's own cgroup (the launcher)
+
+
+@dataclass(frozen=True)
+class CgroupChoice:
+    path: Optional[str]      # the server's cgroup directory, or None
+    reason: str              # why this one, or why none
 
 
 def prepare(name: str, setting: str = "auto") -> CgroupChoice:
@@ -77,42 +118,6 @@ def join(path: str) -> None:
         os.close(fd)
 
 
-def pids(path: Optional[str]) -> List[int]:
-    if not path:
-        return []
-    try:
-        with open(os.path.join(path, "cgroup.procs"), encoding="ascii") as fh:
-            return [int(line) for line in fh if line.strip()]
-    except OSError:
-        return []
-
-
-def kill_all(path: Optional[str]) -> str:
-    """SIGKILL everything in the cgroup: `cgroup.kill` where the kernel has it (5.14+), else
-    each listed PID, repeated while new ones appear. Returns how."""
-    if not path or not os.path.isdir(path):
-        return "none"
-    kill_file = os.path.join(path, "cgroup.kill")
-    if os.path.exists(kill_file):
-        try:
-            with open(kill_file, "w", encoding="ascii") as fh:
-                fh.write("1")
-            return "cgroup.kill"
-        except OSError:
-            pass
-    for _ in range(50):
-        listed = pids(path)
-        if not listed:
-            break
-        for pid in listed:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.02)
-    return "cgroup.procs"
-
-
 def remove(path: Optional[str], timeout: float = 5.0) -> bool:
     """rmdir the (empty) cgroup; zombies keep it busy until they are reaped, hence the wait."""
     if not path:
@@ -135,3 +140,101 @@ def _rmdir_quietly(path: str) -> None:
         os.rmdir(path)
     except OSError:
         pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Members and the whole-cgroup kill
+
+
+def member_pids(path: Optional[str]) -> Set[int]:
+    """Every process in the cgroup and in the cgroups below it; empty for None or a missing
+    directory."""
+    pids: Set[int] = set()
+    if not path:
+        return pids
+    for dirpath, _dirs, files in os.walk(path):
+        if "cgroup.procs" not in files:
+            continue
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs"), encoding="ascii") as fh:
+                pids.update(int(line) for line in fh if line.strip().isdigit())
+        except OSError:
+            continue
+    return pids
+
+
+def has_kill(path: str) -> bool:
+    """The cgroup offers `cgroup.kill` (cgroup v2, kernel 5.14+)."""
+    return os.path.exists(os.path.join(path, "cgroup.kill"))
+
+
+def kill(path: str) -> bool:
+    """SIGKILL everything in the cgroup with one write to `cgroup.kill`. False if unsupported
+    or refused. Callers check first that nothing protected is inside (proc/terminate.py)."""
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w", encoding="ascii") as fh:
+            fh.write("1")
+        return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Cgroups named by the user (the reaper)
+
+
+@dataclass
+class CgroupDir:
+    """A cgroup directory the user named, and what the reaper did with it."""
+    requested: str
+    path: str
+    exists: bool
+    can_kill: bool                               # has cgroup.kill (cgroup v2, kernel 5.14+)
+    pids: List[int] = field(default_factory=list)
+    killed_with_cgroup_kill: bool = False
+    note: Optional[str] = None
+
+
+def resolve_cgroup_dirs(entries: Sequence[str], bases: Sequence[str]) -> List[CgroupDir]:
+    """Absolute entries are used as given (globs allowed); relative ones are looked up under
+    each base (the v2 root normally; the container's cgroup dirs for the host variant)."""
+    out: List[CgroupDir] = []
+    for entry in entries:
+        if os.path.isabs(entry):
+            candidates = [entry]
+        else:
+            candidates = [os.path.join(b, entry) for b in bases]
+        matched: List[str] = []
+        for cand in candidates:
+            hits = sorted(glob.glob(cand)) if any(c in cand for c in "*?[") else (
+                [cand] if os.path.isdir(cand) else [])
+            matched.extend(h for h in hits if os.path.isdir(h) and h not in matched)
+        if not matched:
+            out.append(CgroupDir(requested=entry, path=candidates[0] if candidates else entry,
+                                 exists=False, can_kill=False,
+                                 note="no such cgroup (server not started in one, or already "
+                                      "removed)"))
+            continue
+        for path in matched:
+            out.append(CgroupDir(requested=entry, path=path, exists=True,
+                                 can_kill=has_kill(path), pids=sorted(member_pids(path))))
+    return out
+
+
+def container_cgroup_dirs(vmid: str, globs: Iterable[str]) -> List[str]:
+    dirs: List[str] = []
+    for pattern in globs:
+        for path in sorted(glob.glob(pattern.replace("{vmid}", str(vmid)))):
+            if os.path.isdir(path) and path not in dirs:
+                dirs.append(path)
+    return dirs
+
+
+def container_bases(container_dirs: Sequence[str]) -> List[str]:
+    """Where a path the container itself sees as its cgroup root lies on the host: the
+    container's cgroup dir, or its `ns` child on PVE (the container's cgroup namespace root)."""
+    bases: List[str] = []
+    for d in container_dirs:
+        ns = os.path.join(d, "ns")
+        bases.extend([ns, d] if os.path.isdir(ns) else [d])
+    return bases

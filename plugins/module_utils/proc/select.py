@@ -22,8 +22,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (
-    DeviceHit, ProcInfo, ancestors, children_map, descendants,
+from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import DeviceHit
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import ProcInfo
+from ansible_collections.servelab.serving.plugins.module_utils.proc.tree import (
+    ancestors, children_map, descendants,
 )
 
 # Process names of SGLang and vLLM workers. Both rename their processes with setproctitle, which

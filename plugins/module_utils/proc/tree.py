@@ -1,75 +1,84 @@
-"""Processes as /proc shows them: identity, trees, sessions, and an inherited env marker.
+"""How processes relate: parents, descendants, the caller's lineage, and a launched server's tree.
 
 A server is more than its first PID: SGLang forks a scheduler per TP rank, a detokenizer and
-draft workers, and a child may double-fork out of the process group. Members are found by every
-trace they leave: descendants of the launched PID, its process group and session, the cgroup
-(launcher_cgroup.py), and an environment marker that children inherit even after setsid.
-Standard library only (psutil is not on bare containers). /proc itself is read by procscan, the
-one reader the reaper uses too.
+draft workers, and a child may double-fork out of the process group. Its members are found by
+every trace they leave: descendants of the launched PID, its process group and session, its
+cgroup (proc/cgroup.py), and an environment marker that children inherit even after setsid.
+All of it is computed over snapshots from proc/table.py.
 """
 from __future__ import annotations
 
 import os
-import signal
-import time
 from typing import Dict, Iterable, List, Optional, Set
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import (
-    ProcInfo, children_map, read_cmdline, read_process, scan_processes, still_running,
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
+    PROC, ProcInfo, read_environ, read_process, scan_processes,
 )
 
-PROC = "/proc"
 MARKER_VAR = "SERVELAB_SERVER"
 
 
-def read_proc(pid: int) -> Optional[ProcInfo]:
-    """The process as its stat file shows it (ids, state, start_time, comm); None once gone.
-    Stat only: discovery rereads the whole table every poll of a stop."""
-    return read_process(pid, PROC, stat_only=True)
+def ancestors(pid: int, table: Dict[int, ProcInfo]) -> List[int]:
+    """pid's parent, grandparent, ... up to the top of what the table shows."""
+    chain: List[int] = []
+    seen = {pid}
+    cur = table.get(pid)
+    while cur is not None and cur.ppid > 0 and cur.ppid not in seen:
+        chain.append(cur.ppid)
+        seen.add(cur.ppid)
+        cur = table.get(cur.ppid)
+    return chain
 
 
-def all_procs() -> Dict[int, ProcInfo]:
-    return scan_processes(PROC, stat_only=True)
+def children_map(table: Dict[int, ProcInfo]) -> Dict[int, List[int]]:
+    kids: Dict[int, List[int]] = {}
+    for info in table.values():
+        kids.setdefault(info.ppid, []).append(info.pid)
+    return kids
 
 
-def cmdline(pid: int) -> str:
-    return read_cmdline(pid, PROC)
+def descendants(pid: int, kids: Dict[int, List[int]]) -> List[int]:
+    out: List[int] = []
+    stack = list(kids.get(pid, ()))
+    seen: Set[int] = set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        out.append(p)
+        stack.extend(kids.get(p, ()))
+    return out
 
 
-def has_marker(pid: int, marker: str) -> bool:
-    try:
-        with open(f"{PROC}/{pid}/environ", "rb") as fh:
-            return f"{MARKER_VAR}={marker}".encode() in fh.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def is_alive(pid: Optional[int], start_time: Optional[int] = None) -> bool:
-    """True while the process exists, is not a zombie, and (if given) is the same process."""
-    return bool(pid) and still_running(pid, start_time, PROC)
-
-
-def protected_pids() -> Set[int]:
-    """This process and its ancestors: never signalled, whatever matched."""
-    protected = set()
+def caller_lineage(proc_root: str = PROC) -> Set[int]:
+    """This process and its ancestors, read live: never signalled, whatever matched (killing
+    the Ansible connection that runs us would fail the task and leave the job half done)."""
+    lineage: Set[int] = set()
     pid = os.getpid()
-    while pid > 0 and pid not in protected:
-        protected.add(pid)
-        info = read_proc(pid)
+    while pid > 0 and pid not in lineage:
+        lineage.add(pid)
+        info = read_process(pid, proc_root, stat_only=True)
         if info is None:
             break
         pid = info.ppid
-    return protected
+    return lineage
+
+
+def has_marker(pid: int, marker: str, proc_root: str = PROC) -> bool:
+    """The process inherited the launcher's environment marker of this server."""
+    return f"{MARKER_VAR}={marker}".encode() in read_environ(pid, proc_root)
 
 
 def members(root_pid: Optional[int], root_start: Optional[int], marker: Optional[str] = None,
-            cgroup_pids: Iterable[int] = ()) -> Dict[int, ProcInfo]:
-    """Live (non-zombie) processes that belong to the server started as `root_pid`."""
-    procs = all_procs()
-    protected = protected_pids()
+            cgroup_pids: Iterable[int] = (), proc_root: str = PROC) -> Dict[int, ProcInfo]:
+    """Live (non-zombie) processes that belong to the server started as `root_pid`, never the
+    caller or its ancestors. Stat-only snapshots: cmdline is not read."""
+    procs = scan_processes(proc_root, stat_only=True)
+    protected = caller_lineage(proc_root)
     chosen: Set[int] = {p for p in cgroup_pids if p in procs}
     root = procs.get(root_pid) if root_pid else None
-    same_root = root is not None and root_start in (None, root.starttime)
+    same_root = root is not None and root_start in (None, root.start_time)
     if same_root:
         chosen.add(root.pid)
     if root_pid and (same_root or root is None):
@@ -78,53 +87,10 @@ def members(root_pid: Optional[int], root_start: Optional[int], marker: Optional
         # not reuse a PID while it names a group or session, so they are still the server's.
         chosen |= {p.pid for p in procs.values() if p.pgid == root_pid or p.sid == root_pid}
     if marker:
-        chosen |= {pid for pid in procs if has_marker(pid, marker)}
+        chosen |= {pid for pid in procs if has_marker(pid, marker, proc_root)}
     # Descendants of anything chosen so far (children that changed group or session).
-    children = children_map(procs)
-    stack = list(chosen)
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in chosen:
-                chosen.add(child)
-                stack.append(child)
-    return {pid: procs[pid] for pid in chosen
+    kids = children_map(procs)
+    for pid in list(chosen):
+        chosen.update(descendants(pid, kids))
+    return {pid: procs[pid] for pid in sorted(chosen)
             if pid in procs and pid not in protected and not procs[pid].gone}
-
-
-def signal_pids(pids: Iterable[int], sig: int) -> List[int]:
-    sent = []
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-            sent.append(pid)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            pass
-    return sent
-
-
-def reap(pids: Iterable[int]) -> None:
-    """Collect those of `pids` that are exited children of this process, so they do not linger
-    as zombies. Only named PIDs: waitpid(-1) would steal other Popen objects' exit codes."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
-
-def wait_until_gone(pids: Iterable[int], timeout: float, poll: float = 0.1) -> Set[int]:
-    """Wait until none of `pids` is alive (zombies count as gone); return the survivors."""
-    remaining = set(pids)
-    deadline = time.monotonic() + timeout
-    while remaining:
-        reap(remaining)
-        remaining = {pid for pid in remaining if is_alive(pid)}
-        if not remaining or time.monotonic() >= deadline:
-            break
-        time.sleep(poll)
-    return remaining
-
-
-SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}

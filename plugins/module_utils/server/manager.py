@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as launcher_cgroup, tree as launcher_procs
+from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as proc_cgroup, lifetime as proc_lifetime
 from ansible_collections.servelab.serving.plugins.module_utils.server import engine as server_engine, launcher, ports as server_ports
 from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file as server_simulator, state as server_state
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import ProfileError, resolve_profile
@@ -189,14 +189,13 @@ def _result_from_spec(spec: ServerSpec, req: ServerRequest, **kw) -> ServerResul
 
 def _running(state: Optional[ServerState]) -> bool:
     return bool(state and state.status == "running"
-                and launcher_procs.is_alive(state.pid, state.start_time))
+                and proc_lifetime.is_alive(state.pid, state.start_time))
 
 
 def _leftovers(state: Optional[ServerState]) -> dict:
     if state is None:
         return {}
-    return launcher_procs.members(state.pid, state.start_time, state.marker,
-                                  launcher_cgroup.pids(state.cgroup))
+    return launcher.members(state.pid, state.start_time, state.marker, state.cgroup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,7 +282,7 @@ def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
             f"which is not server {req.name}: stop it (gpu_reap) or choose another port")
     if sim_source is not None:
         server_simulator.materialise(directory, sim_source)
-    choice = launcher_cgroup.prepare(cgroup_leaf(req.name, directory), req.cgroup)
+    choice = proc_cgroup.prepare(cgroup_leaf(req.name, directory), req.cgroup)
     marker = f"{req.name}:{uuid.uuid4().hex[:12]}"
     try:
         launched = launcher.spawn(spec.cmd, spec.env, result.log_path, directory, marker, choice)
@@ -331,7 +330,9 @@ def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[st
     result.warnings += list(warnings)
     running = _running(state)
     if running and req.state == "started" and state.config_hash == spec.config_hash:
-        exit_code = (lambda: None if launcher_procs.is_alive(state.pid, state.start_time) else "?")
+        def exit_code():
+            return None if proc_lifetime.is_alive(state.pid, state.start_time) else "?"
+
         # A server that was ready once and cannot generate within one probe budget is sick (it
         # gets restarted); one that never was ready may still be loading: give it the full time.
         budget = req.probe_timeout if state.ready_seconds is not None else req.ready_timeout

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Set
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc.scan import list_pids, read_cmdline
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import list_pids, read_cmdline
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 LISTEN = "0A"

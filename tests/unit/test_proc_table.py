@@ -1,0 +1,58 @@
+"""The one /proc reader: parsers on fixed text, readers on this test's own process and a child."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
+    parse_status, read_environ, read_process, read_status, scan_processes, still_running,
+)
+
+STATUS = """Name:\tpython3
+State:\tS (sleeping)
+Uid:\t1000\t1000\t1000\t1000
+NSpid:\t4242\t17
+SigBlk:\t0000000000000000
+SigIgn:\t0000000000004000
+SigCgt:\t0000000180000002
+"""
+
+
+def test_parse_status_reads_uid_nspid_and_ignored_signals():
+    status = parse_status(STATUS)
+    assert status.uid == 1000 and status.nspid == (4242, 17)
+    assert status.ignores(signal.SIGTERM)          # bit 14 = signal 15
+    assert not status.ignores(signal.SIGINT)
+
+
+def test_a_full_read_of_this_process_matches_what_the_os_says():
+    me = read_process(os.getpid())
+    assert (me.ppid, me.pgid, me.sid) == (os.getppid(), os.getpgid(0), os.getsid(0))
+    assert me.uid == os.getuid() and sys.executable.split("/")[-1][:6] in me.cmdline
+    assert not me.kernel_thread and not me.gone
+    stat_only = read_process(os.getpid(), stat_only=True)
+    assert stat_only.start_time == me.start_time and stat_only.cmdline == ""
+    assert os.getpid() in scan_processes(stat_only=True)
+
+
+def test_environ_and_ignored_signals_of_a_child():
+    env = dict(os.environ, SERVELAB_TABLE_TEST="x1")
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import signal, sys, time\n"
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                              "print('ready', flush=True)\ntime.sleep(60)"],
+                             env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert b"SERVELAB_TABLE_TEST=x1" in read_environ(child.pid)
+        assert read_status(child.pid).ignores(signal.SIGTERM)
+        info = read_process(child.pid)
+        assert still_running(child.pid, info.start_time)
+        assert not still_running(child.pid, info.start_time + 1), "another start time is another process"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert not still_running(child.pid, None)
