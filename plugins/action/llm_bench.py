@@ -20,8 +20,10 @@ from ansible.utils.display import Display
 
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
-    BenchOptionsError, level_configs, level_failure,
+    BenchOptionsError, level_configs,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
     ACTION_ARGUMENT_SPEC, ACTION_ONLY_OPTIONS,
 )
@@ -32,31 +34,6 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import M
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PARTS_DIR
 
 display = Display()
-
-
-def _fmt(value, spec="%.1f"):
-    return "-" if value is None else spec % value
-
-
-def progress_line(row: dict) -> str:
-    """One line per finished level, the figures an operator watches."""
-    level = ("rate=%g/s" % row["request_rate"]) if row.get("load_mode") == "rate" else (
-        "C=%d" % row["concurrency"])
-    ci = row.get("output_tok_s_ci95")
-    parts = [
-        "%s/%s %s:" % (row["host"], row["profile"], level),
-        "%s tok/s%s" % (_fmt(row.get("output_tok_s")), (" +-%s" % _fmt(ci)) if ci else ""),
-        "TTFT p50 %s ms" % _fmt(row.get("ttft_p50_ms")),
-        "TPOT p50 %s ms" % _fmt(row.get("tpot_p50_ms"), "%.2f"),
-        "%d req in %.1f s window" % (row.get("requests") or 0, row.get("window_s") or 0.0),
-    ]
-    if row.get("errors"):
-        parts.append("%d errors" % row["errors"])
-    if row.get("client_limited"):
-        parts.append("CLIENT-LIMITED")
-    if not row.get("window_complete", True):
-        parts.append("window incomplete (%s)" % row.get("stop_reason"))
-    return " ".join(parts)
 
 
 class ActionModule(ActionBase):
@@ -125,7 +102,7 @@ class ActionModule(ActionBase):
                                    res.get("warnings_text") or [])
                 levels.append(row)
                 result["changed"] = True
-                display.display("llm_bench " + progress_line(row))
+                display.display("llm_bench " + level_line(row))
             for note in res.get("warnings_text") or []:
                 warnings.append(note)
                 display.warning("llm_bench: %s" % note)
@@ -136,9 +113,9 @@ class ActionModule(ActionBase):
                 if stderr:
                     failure += " (module stderr: %s)" % stderr[-800:]
             elif rows:
-                failure = level_failure(rows[-1])
-                if failure:
-                    failure = "%s: %s" % (label, failure)
+                verdict = level_verdict(rows[-1])   # the sweep's stop rule, the report's too
+                if verdict.failed:
+                    failure = "%s: %s" % (label, verdict.reason)
             if failure:
                 msg = ("llm_bench %s/%s: %s. The sweep for this profile stopped; %d finished "
                        "level(s) are in %s" % (args["host_label"], args.get("profile", "default"),

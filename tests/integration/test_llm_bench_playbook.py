@@ -21,6 +21,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE = os.path.join(REPO, "tests", "unit", "test_loadgen_fakeserver.py")
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts  # noqa: E402
 from simproc import ServerProcess  # noqa: E402
 
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -77,6 +80,11 @@ def read_levels(run_dir):
         return list(csv.DictReader(fh))
 
 
+def part_rows(run_dir):
+    """The level rows of the run's part files, in level order."""
+    return [row for row, _ in read_parts(str(run_dir / "parts"))]
+
+
 def test_sweep_writes_parts_levels_and_requests(tmp_path):
     with fake_server("--ttft-ms", "10", "--step-ms", "2") as url:
         proc = run_playbook(playbook(tmp_path, url, """\
@@ -109,6 +117,10 @@ def test_sweep_writes_parts_levels_and_requests(tmp_path):
         in_window = [r for r in records if r["in_window"] and r["concurrency"] == int(
             lv["concurrency"])]
         assert len(in_window) == int(lv["requests"])
+    # The action's progress line and the servelab callback's line are one rendering of the row.
+    for row in part_rows(run):
+        assert "llm_bench " + level_line(row) in out
+        assert "servelab |   " + level_line(row) in out
 
 
 def test_server_dying_mid_sweep_keeps_finished_levels_and_stops(tmp_path):
@@ -128,6 +140,8 @@ def test_server_dying_mid_sweep_keeps_finished_levels_and_stops(tmp_path):
     last = levels[-1]
     assert int(last["run_errors"]) > 0             # the failing level is recorded, with errors
     assert "C=%d" % concs[-1] in out
+    verdict = level_verdict(part_rows(run)[-1])    # the sweep stopped on the report's rule
+    assert verdict.failed and "C=%d: %s" % (concs[-1], verdict.reason) in out
 
 
 def test_check_mode_and_bad_options_write_nothing(tmp_path):
@@ -179,4 +193,3 @@ def test_ctrl_c_mid_sweep_keeps_finished_levels(tmp_path):
     levels = read_levels(tmp_path / "results" / "run1")
     assert [lv["concurrency"] for lv in levels] == ["1"]
     assert levels[0]["window_complete"] == "false"   # ended by the time bound, and says so
-

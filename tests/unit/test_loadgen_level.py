@@ -17,7 +17,7 @@ from collections import defaultdict
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import level_failure
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX, percentile
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
 from simproc import ServerProcess
@@ -135,7 +135,7 @@ def test_errors_are_counted_and_the_level_goes_on(tmp_path):
     row = res.row
     assert row.run_errors > 0 and row.first_error.startswith("HTTP 500")
     assert row.run_requests > row.run_errors
-    assert level_failure(res.row_dict()) is None
+    assert not level_verdict(res.row_dict()).failed
 
 
 def test_no_server_stops_the_level_as_failing(tmp_path):
@@ -147,7 +147,8 @@ def test_no_server_stops_the_level_as_failing(tmp_path):
     res = run_level(cfg("http://127.0.0.1:%d" % port, concurrency=2), WORKLOAD)
     assert res.row.stop_reason == "server failing"
     assert res.row.run_errors > 0 and "connect failed" in res.row.first_error
-    assert "failed" in level_failure(res.row_dict())
+    verdict = level_verdict(res.row_dict())
+    assert verdict.failed and "failed" in verdict.reason
 
 
 def test_two_client_processes_share_the_workers(tmp_path):

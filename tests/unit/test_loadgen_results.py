@@ -1,4 +1,4 @@
-"""llm_bench's result files: parts, levels.csv and requests.jsonl (loadgen_results.py)."""
+"""llm_bench's result files: parts, levels.csv and requests.jsonl (results/parts.py)."""
 from __future__ import annotations
 
 import csv
@@ -6,11 +6,14 @@ import json
 import multiprocessing
 import os
 
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import EXTRA_COLUMNS
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
-    EXTRA_COLUMNS, part_stem, read_parts, rebuild_run_files, write_level_files,
+    part_stem, read_levels_csv, read_parts, rebuild_run_files, write_level_files,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import run_lock
-from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS, LEVELS, PARTS_DIR, REQUESTS
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
+    LEVEL_COLUMNS, LEVELS, PARTS_DIR, REQUESTS,
+)
 
 
 def row(host, profile, c, **extra):
@@ -51,6 +54,11 @@ def test_rebuild_orders_levels_and_concatenates_requests(tmp_path):
     assert [t["concurrency"] for t in table] == ["5", "2", "10", "1"]
     assert table[1]["server_spec_accept_length_mean"] == "3.2"
     assert table[0]["client_limited"] == "false" and table[0]["output_tok_s_ci95"] == ""
+    # Read back typed: flags are flags, blanks are None, server figures back in their dict.
+    typed = read_levels_csv(str(tmp_path / LEVELS))
+    assert typed[0]["client_limited"] is False and typed[0]["output_tok_s_ci95"] is None
+    assert typed[0]["concurrency"] == 5 and typed[1]["server_metrics"] == {
+        "server_spec_accept_length_mean": 3.2}
     lines = (tmp_path / REQUESTS).read_text().splitlines()
     assert len(lines) == 1 + 2 + 3 + 4
     assert json.loads(lines[0])["concurrency"] == 5      # in level order

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
-    BenchOptionsError, level_configs, level_failure,
+    BenchOptionsError, level_configs,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import WorkloadError, builtin, load, synthetic
 
@@ -93,15 +93,6 @@ def test_level_configs_one_per_level():
                                  request_rate=[0.5, 2]))
     assert [(c.concurrency, c.request_rate) for c in rate] == [(64, 0.5), (64, 2.0)]
     assert workload.kind == "builtin"
-
-
-def test_level_failure_rule():
-    assert level_failure({"run_requests": 5, "run_errors": 5, "first_error": "x"})
-    assert level_failure({"run_requests": 5, "run_errors": 2,
-                          "stop_reason": "server failing"})
-    assert level_failure({"run_requests": 0, "run_errors": 0, "stop_reason": "aborted"})
-    assert level_failure({"run_requests": 5, "run_errors": 1,
-                          "stop_reason": "window complete"}) is None
 
 
 def test_synthetic_input_tokens_mean_the_same_to_the_simulator():

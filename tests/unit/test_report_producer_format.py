@@ -1,8 +1,9 @@
-"""bench_report reads levels.csv exactly as llm_bench writes it (loadgen_results.levels_csv).
+"""bench_report reads what llm_bench writes: its part files, and levels.csv for runs without them.
 
 The producer writes booleans as true/false, None as empty cells, extra columns (load_mode,
 itl_basis, tokens_source, window_complete, ...) and server_* columns; the report must take all of
-that, keep open-loop rows apart, and still find the formula's crossover.
+that, keep open-loop rows apart, and still find the formula's crossover. From the typed parts it
+must make the very report the CSV gives, and keep what the CSV cannot say.
 """
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.results.parts import levels_csv
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelRow
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
+    LEVELS, PARTS_DIR, REQUESTS,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import LevelRow
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
+    levels_csv, read_levels_csv, rebuild_run_files, write_level_files,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report
-from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVELS
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import load_levels
 
 SWEEP = [1, 2, 5, 10, 30]
 
@@ -105,3 +112,80 @@ def test_request_errors_are_summarised_without_cancelled_tails(run_dir):
     summary = build_report(run_dir, with_plots=False).files["summary.md"].decode()
     assert "eagle3 on ct129 at C=5: request errors: 3x HTTP 503" in summary
     assert "cancelled" not in summary
+
+
+# --- the typed parts: what llm_bench writes first, and what the report reads -----------------
+
+
+def parts_run(directory, rows, requests_by_level):
+    """A run as llm_bench leaves it: part files, then levels.csv and requests.jsonl from them."""
+    for row, records in zip(rows, requests_by_level):
+        write_level_files(os.path.join(directory, PARTS_DIR), row, records)
+    rebuild_run_files(str(directory))
+    return str(directory)
+
+
+def sweep_rows():
+    rows = []
+    for c in SWEEP:
+        rows.append(row("baseline", c, baseline(c)))
+        rows.append(row("eagle3", c, spec(c), itl_basis="chunk" if c == 1 else "token"))
+    rows[3].update(client_limited=True)
+    rows[5].update(errors=40, run_requests=40, run_errors=40, output_tok_s=None,
+                   stop_reason="server failing", first_error="HTTP 503", window_complete=False)
+    rows.append(row("baseline", 30, 1.0, load_mode="rate", request_rate=2.5))
+    return rows
+
+
+def records_for(r):
+    failing = r["errors"] or 0
+    return [{"host": r["host"], "profile": r["profile"], "concurrency": r["concurrency"],
+             "error": "HTTP 503" if i < failing else None} for i in range(max(failing, 2))]
+
+
+def test_report_from_parts_equals_report_from_levels_csv(tmp_path):
+    rows = sweep_rows()
+    run = parts_run(tmp_path / "a" / "run-1", rows, [records_for(r) for r in rows])
+    csv_only = tmp_path / "b" / "run-1"      # the same run id, no parts (an older run)
+    os.makedirs(csv_only)
+    for name in (LEVELS, REQUESTS):
+        shutil.copy(os.path.join(run, name), csv_only / name)
+    from_parts = build_report(run)
+    from_csv = build_report(str(csv_only))
+    assert from_parts.files.keys() == from_csv.files.keys()
+    for name, data in from_parts.files.items():
+        assert data.replace(run.encode(), b"RUN") == from_csv.files[name].replace(
+            str(csv_only).encode(), b"RUN"), name
+    summary = from_parts.files["summary.md"].decode()
+    assert "eagle3 on ct129 at C=5: request errors: 40x HTTP 503" in summary   # parts' .jsonl
+
+
+def test_the_parts_are_read_before_a_stale_levels_csv(tmp_path):
+    """levels.csv is rebuilt after each part; a rebuild that did not happen (lock timeout, a
+    crash between the two writes) must not hide a finished level from the report."""
+    rows = sweep_rows()
+    run = parts_run(tmp_path, rows[:-3], [[] for _ in rows[:-3]])
+    for r in rows[-3:]:
+        write_level_files(os.path.join(run, PARTS_DIR), r, [])
+    exported = {(r["profile"], r["concurrency"]) for r in read_levels_csv(
+        os.path.join(run, LEVELS))}
+    assert ("eagle3", 30) not in exported and ("baseline", 30) not in exported
+    report = build_report(run, with_plots=False)
+    lines = report.table.splitlines()
+    assert any(line.startswith(f"| 30 | eagle3 | {spec(30):.1f}") for line in lines)
+    assert any(line.startswith(f"| 30 | baseline | {baseline(30):.1f}") for line in lines)
+    assert "## Open-loop levels" in report.files["summary.md"].decode()
+
+
+def test_typed_values_survive_the_parts_path(tmp_path):
+    rows = sweep_rows()
+    run = parts_run(tmp_path, rows, [[] for _ in rows])
+    frame, _ = load_levels(run)
+    failed = frame[(frame["profile"] == "eagle3") & (frame["concurrency"] == 5)].iloc[0]
+    usable = frame[(frame["profile"] == "baseline") & (frame["concurrency"] == 1)].iloc[0]
+    # Flags stay bools, text left unset stays None (not NaN, not ""), counts stay counts.
+    assert failed["window_complete"] is False and usable["window_complete"] is True
+    assert usable["first_error"] is None and failed["first_error"] == "HTTP 503"
+    assert frame["client_limited"].dtype == bool and frame["requests"].dtype.kind == "i"
+    assert usable["server_metrics"] == {"server_spec_accept_length": 2.5}
+    assert failed["note"] == "failed: all 40 requests failed (first error: HTTP 503)"

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-    LevelConfig, LoadgenError, STOP_REASONS, STOP_FAILING, round_up_processes, run_level,
+    LevelConfig, LoadgenError, round_up_processes, run_level,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
     ACTION_ONLY_OPTIONS, level_fields, with_defaults,
 )
@@ -93,21 +94,6 @@ def level_configs(params: dict, read_workload: bool = True
     return configs, workload
 
 
-def level_failure(row: dict) -> Optional[str]:
-    """Why a finished level means the server is not serving (the sweep for this profile stops),
-    or None. A level whose requests all failed, or that stopped because errors kept coming."""
-    ok = (row.get("run_requests") or 0) - (row.get("run_errors") or 0)
-    if (row.get("run_requests") or 0) > 0 and ok <= 0:
-        return "all %d requests failed (first error: %s)" % (row["run_requests"],
-                                                               row.get("first_error"))
-    if row.get("stop_reason") == STOP_REASONS[STOP_FAILING]:
-        return "the server kept failing (%d errors; first: %s)" % (row.get("run_errors") or 0,
-                                                                   row.get("first_error"))
-    if not row.get("run_requests"):
-        return "no request finished (stop reason: %s)" % row.get("stop_reason")
-    return None
-
-
 @dataclass
 class SweepOutcome:
     levels: List[dict] = field(default_factory=list)
@@ -132,9 +118,10 @@ def run_levels(configs: List[LevelConfig], workload: Workload) -> SweepOutcome:
         outcome.levels.append(row)
         outcome.requests_by_level.append(result.requests)
         outcome.warnings.extend(result.warnings)
-        failure = level_failure(row)
-        if failure:
-            outcome.failure = "C=%d: %s" % (cfg.concurrency, failure)
+        # The rule the report applies too: a level it will mark failed ends the sweep.
+        verdict = level_verdict(row)
+        if verdict.failed:
+            outcome.failure = "C=%d: %s" % (cfg.concurrency, verdict.reason)
             break
     return outcome
 

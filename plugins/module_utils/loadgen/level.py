@@ -51,6 +51,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics i
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.server_metrics import MetricsSampler, window_figures
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import Workload
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    STOP_ABORTED, STOP_LEVEL_TIMEOUT, STOP_SERVER_FAILING, STOP_UNKNOWN, STOP_WINDOW_COMPLETE,
+)
 
 LOAD_MODES = ("concurrency", "rate")
 ARRIVALS = ("poisson", "constant")
@@ -69,8 +72,8 @@ CONTROL_S = 0.010                # controller poll interval
 ERROR_BACKOFF_S = 0.1            # a worker whose request failed waits this long (no hot loop)
 
 STOP_NONE, STOP_DONE, STOP_TIMEOUT, STOP_FAILING, STOP_ABORT = 0, 1, 2, 3, 4
-STOP_REASONS = {STOP_DONE: "window complete", STOP_TIMEOUT: "level_timeout reached",
-                STOP_FAILING: "server failing", STOP_ABORT: "aborted"}
+STOP_REASONS = {STOP_DONE: STOP_WINDOW_COMPLETE, STOP_TIMEOUT: STOP_LEVEL_TIMEOUT,
+                STOP_FAILING: STOP_SERVER_FAILING, STOP_ABORT: STOP_ABORTED}
 
 # Shared counters (int64 slots): globals, then one block per client process.
 G_WS, G_WE, G_STOP, G_T0 = 0, 1, 2, 3
@@ -746,7 +749,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     row = level_row(cfg.host_label, cfg.profile, c, merged, cfg.slo)
     row.load_mode = cfg.load_mode
     row.request_rate = float(cfg.request_rate) if cfg.load_mode == "rate" else None
-    row.stop_reason = STOP_REASONS.get(stop, "unknown")
+    row.stop_reason = STOP_REASONS.get(stop, STOP_UNKNOWN)
     row.window_complete = bool(ws and we and controller.window_complete)
     row.window_start_ns, row.window_end_ns = ws, we
     _client_honesty(row, [results[i] for i in range(nproc)], merged, nproc)

@@ -35,6 +35,11 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+# The row these computations fill, and the words of its labels, are the results contract's.
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    ITL_BASIS_CHUNK, ITL_BASIS_TOKEN, LevelRow, TOKENS_CHUNKS, TOKENS_SERVER,
+)
+
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
@@ -42,12 +47,6 @@ NS_PER_S = 1_000_000_000
 # that kept the load constant while the window's last requests finished). They are recorded for
 # transparency and are not counted as errors.
 CANCELLED_PREFIX = "cancelled:"
-
-ITL_BASIS_TOKEN = "token"
-ITL_BASIS_CHUNK = "chunk"
-
-TOKENS_SERVER = "server"
-TOKENS_CHUNKS = "chunks"      # labelled fallback: token-carrying chunks counted by the client
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,65 +385,7 @@ def _append_latencies(r: RequestTiming, ttft: list, tpot: list, e2e: list) -> No
 
 
 # --------------------------------------------------------------------------------------------
-# The level row (results.LEVEL_COLUMNS first, then the extra columns)
-
-
-@dataclass
-class LevelRow:
-    host: str
-    profile: str
-    concurrency: int
-    requests: int
-    errors: int
-    window_s: float
-    output_tok_s: Optional[float]
-    output_tok_s_ci95: Optional[float]
-    total_tok_s: Optional[float]
-    request_s: Optional[float]
-    ttft_p50_ms: Optional[float]
-    ttft_p90_ms: Optional[float]
-    ttft_p99_ms: Optional[float]
-    tpot_p50_ms: Optional[float]
-    tpot_p90_ms: Optional[float]
-    tpot_p99_ms: Optional[float]
-    itl_p50_ms: Optional[float]
-    itl_p99_ms: Optional[float]
-    e2e_p50_ms: Optional[float]
-    e2e_p99_ms: Optional[float]
-    goodput_request_s: Optional[float]
-    client_limited: bool
-    # --- extra columns (consumers tolerate them) ---
-    load_mode: str = "concurrency"
-    request_rate: Optional[float] = None
-    itl_basis: str = ITL_BASIS_TOKEN
-    tokens_source: str = TOKENS_SERVER
-    ttft_mean_ms: Optional[float] = None
-    tpot_mean_ms: Optional[float] = None
-    itl_mean_ms: Optional[float] = None
-    itl_p90_ms: Optional[float] = None
-    e2e_p90_ms: Optional[float] = None
-    ci_batches: int = 0
-    run_s: Optional[float] = None
-    run_requests: int = 0
-    run_errors: int = 0
-    run_output_tok_s: Optional[float] = None
-    run_request_s: Optional[float] = None
-    run_ttft_p50_ms: Optional[float] = None
-    run_tpot_p50_ms: Optional[float] = None
-    run_e2e_p50_ms: Optional[float] = None
-    cancelled_tail: int = 0
-    client_processes: int = 1
-    client_cpu_s: Optional[float] = None
-    client_cpu_util: Optional[float] = None
-    client_cpu_us_per_token: Optional[float] = None
-    loop_lag_p99_ms: Optional[float] = None
-    loop_lag_max_ms: Optional[float] = None
-    window_complete: bool = True
-    window_start_ns: int = 0
-    window_end_ns: int = 0
-    stop_reason: str = ""
-    first_error: Optional[str] = None
-    server_metrics: Dict[str, float] = field(default_factory=dict)
+# The level row (its fields are defined in results/levels.py)
 
 
 def _ms(value_ns: Optional[float], digits: int = 5) -> Optional[float]:

@@ -27,7 +27,8 @@ REQUEST_FIELDS = (
 )
 
 # One row per (host, profile, concurrency) in levels.csv; the contract's required columns first,
-# then extra columns. Consumers must tolerate extra columns.
+# then extra columns. Consumers must tolerate extra columns. Every column (these, the extras and
+# the server_* ones) is defined, with its unit, header and format, in results/levels.py.
 LEVEL_COLUMNS = (
     "host", "profile", "concurrency", "requests", "errors", "window_s",
     "output_tok_s", "output_tok_s_ci95", "total_tok_s", "request_s",

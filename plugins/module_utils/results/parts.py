@@ -7,6 +7,9 @@ Each finished level is written as two part files, atomically:
 results/<run_id>/.lock, the lock every servelab writer of a run takes), levels.csv and
 requests.jsonl are rebuilt from all parts, so parallel forks (several hosts) never lose a level
 and a run cut short keeps every finished one.
+
+The parts are the typed record (bench_report reads them); levels.csv is an export, its columns
+and cells defined by results/levels.py, and read back typed only for runs that have no parts.
 """
 from __future__ import annotations
 
@@ -17,22 +20,21 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelRow
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
-    LEVEL_COLUMNS, LEVELS, PARTS_DIR, REQUESTS, atomic_write_text,
+    LEVELS, PARTS_DIR, REQUESTS, atomic_write_text,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    LOAD_MODE_RATE, csv_cell, csv_columns, row_from_csv,
 )
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# Extra columns after LEVEL_COLUMNS, in LevelRow's order (server_metrics is flattened).
-EXTRA_COLUMNS = tuple(name for name in LevelRow.__dataclass_fields__
-                      if name not in LEVEL_COLUMNS and name != "server_metrics")
 
 
 def part_stem(row: dict) -> str:
     """File stem of one level's part files, unique per (host, profile, level)."""
     stem = "%s__%s__c%d" % (_UNSAFE.sub("_", str(row["host"])),
                             _UNSAFE.sub("_", str(row["profile"])), int(row["concurrency"]))
-    if row.get("load_mode") == "rate" and row.get("request_rate") is not None:
+    if row.get("load_mode") == LOAD_MODE_RATE and row.get("request_rate") is not None:
         stem += "__r%s" % ("%g" % float(row["request_rate"])).replace(".", "p")
     return stem
 
@@ -56,6 +58,10 @@ def _sort_key(row: dict):
             float(row.get("request_rate") or 0), int(row.get("concurrency") or 0))
 
 
+class PartError(ValueError):
+    """A part file that is not one: the message names the file."""
+
+
 def read_parts(parts_dir: str) -> List[Tuple[dict, str]]:
     """(level row, path of its requests .jsonl) for every complete part, in report order."""
     out = []
@@ -65,33 +71,35 @@ def read_parts(parts_dir: str) -> List[Tuple[dict, str]]:
         if not name.endswith(".json") or name.startswith("."):
             continue
         path = os.path.join(parts_dir, name)
-        with open(path, encoding="utf-8") as fh:
-            row = json.load(fh)["level"]
+        try:
+            with open(path, encoding="utf-8") as fh:
+                row = json.load(fh)["level"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PartError("%s is not a level part file (%s: %s); delete it or rerun the "
+                            "level" % (path, type(exc).__name__, exc)) from None
         out.append((row, path[:-len(".json")] + ".jsonl"))
     out.sort(key=lambda item: _sort_key(item[0]))
     return out
 
 
-def _cell(value) -> object:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return value
-
-
 def levels_csv(rows: List[dict]) -> str:
     """levels.csv text: LEVEL_COLUMNS first, then the extra columns, then server_* columns."""
-    server_cols = sorted({k for r in rows for k in (r.get("server_metrics") or {})})
-    columns = list(LEVEL_COLUMNS) + list(EXTRA_COLUMNS) + server_cols
+    columns = csv_columns(k for r in rows for k in (r.get("server_metrics") or {}))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     for r in rows:
         flat: Dict[str, object] = dict(r)
         flat.update(r.get("server_metrics") or {})
-        writer.writerow([_cell(flat.get(c)) for c in columns])
+        writer.writerow([csv_cell(flat.get(c)) for c in columns])
     return buf.getvalue()
+
+
+def read_levels_csv(path: str) -> List[dict]:
+    """levels.csv's records as typed row dicts (levels.row_from_csv): the reader for runs
+    without parts. Raises OSError, csv.Error or UnicodeDecodeError as the file gives them."""
+    with open(path, newline="", encoding="utf-8") as fh:
+        return [row_from_csv(record) for record in csv.DictReader(fh)]
 
 
 def rebuild_run_files(run_dir: str) -> List[dict]:

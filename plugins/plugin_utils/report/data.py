@@ -1,13 +1,16 @@
-"""Load one run's results for the report: levels.csv (required), manifest.json, requests.jsonl.
+"""Load one run's results for the report: the level rows, manifest.json, the request records.
 
-Everything the report decides about a level (usable for speedup and crossover or not, and why) is
-decided here, once, in the `usable` and `note` columns, so the tables, plots and crossover agree.
+The level rows come from the typed part files (parts/*.json, written as each level finished);
+levels.csv, an export, is read only for a run that has no parts (an older run, or a hand-made
+file). Either way the frame is built from typed rows, and every level's verdict (usable or not,
+and why) is results.level_verdict's, the rule llm_bench's sweep stops on, so the tables, plots,
+crossover and sweep agree.
 """
 
 from __future__ import annotations
 
+import csv
 import json
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,16 +18,37 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
+    LEVEL_COLUMNS,
+    LEVELS,
+    MANIFEST,
+    PARTS_DIR,
+    REQUESTS,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
+    DEFAULT_MAX_ERROR_RATE,
+    level_flags,
+    level_verdict,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    FIELD,
+    KIND_FLOAT,
+    KIND_INT,
+    LOAD_MODE_RATE,
+    as_bool,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
+    PartError,
+    read_levels_csv,
+    read_parts,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import profile_records
-from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS, LEVELS, MANIFEST, REQUESTS
+
+__all__ = ["DEFAULT_MAX_ERROR_RATE", "ReportError", "RunData", "load_levels", "load_run"]
 
 # Without these a row means nothing; the other LEVEL_COLUMNS may be missing (an older or partial
 # run) and are then shown as "-".
 REQUIRED_COLUMNS = ("host", "profile", "concurrency", "output_tok_s")
-DEFAULT_MAX_ERROR_RATE = 0.1
-_TRUE = {"true", "1", "yes", "y", "t"}
-_OK_STATUS = {"", "ok", "nan", "none", "finished", "success", "succeeded"}
-SERVER_FAILING = "server failing"  # llm_bench's stop_reason when errors kept coming
 
 
 class ReportError(Exception):
@@ -43,101 +67,83 @@ class RunData:
     rate_levels: pd.DataFrame | None = None  # open-loop (request-rate) rows, reported apart
 
 
-def _as_bool(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return False
-    return str(value).strip().lower() in _TRUE
+@dataclass
+class LevelRecords:
+    """A run's level rows as typed dicts, where they were read from, and its request files."""
+
+    rows: list
+    source: str  # the parts directory or levels.csv: named in messages about the rows
+    request_files: list
 
 
-def _text(value) -> str:
-    return (
-        ""
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else str(value).strip()
+def _from_parts(results_dir: str) -> LevelRecords | None:
+    parts_dir = os.path.join(results_dir, PARTS_DIR)
+    try:
+        parts = read_parts(parts_dir)
+    except PartError as exc:
+        raise ReportError(str(exc)) from None
+    if not parts:
+        return None
+    return LevelRecords(
+        rows=[row for row, _ in parts],
+        source=parts_dir,
+        request_files=[jsonl for _, jsonl in parts if os.path.isfile(jsonl)],
     )
 
 
-def _level_verdict(row, max_error_rate: float) -> tuple[bool, str]:
-    """(usable for speedup/crossover, note saying why not) for one level row."""
-    requests, errors, tok_s = row["requests"], row["errors"], row["output_tok_s"]
-    status = _text(row.get("status")).lower()  # optional extra columns from here on
-    first_error = _text(row.get("first_error"))
-    if status not in _OK_STATUS:
-        return False, f"failed: status {status}"
-    if _text(row.get("stop_reason")) == SERVER_FAILING:
-        return False, "failed: the server kept failing" + (
-            f" ({first_error[:80]})" if first_error else ""
-        )
-    if pd.isna(tok_s) or tok_s <= 0:
-        return False, "failed: no output measured" + (
-            f" ({first_error[:80]})" if first_error else ""
-        )
-    if not pd.isna(requests) and requests <= 0:
-        return False, "failed: no request completed"
-    if not pd.isna(requests) and not pd.isna(errors) and errors >= requests:
-        return False, f"failed: all {int(requests)} requests errored"
-    if row["client_limited"]:
-        return False, "client-limited"
-    if not pd.isna(requests) and not pd.isna(errors) and requests > 0:
-        rate = errors / requests
-        if rate > max_error_rate:
-            return False, f"errors {rate:.0%} > {max_error_rate:.0%}"
-    return True, ""
-
-
-def _level_flags(row) -> str:
-    """Facts about a usable level that a reader must know (they do not exclude it)."""
-    flags = []
-    if (
-        "window_complete" in row
-        and _text(row["window_complete"])
-        and not _as_bool(row["window_complete"])
-    ):
-        flags.append(
-            "window incomplete"
-            + (f" ({_text(row.get('stop_reason'))})" if _text(row.get("stop_reason")) else "")
-        )
-    if _text(row.get("itl_basis")) == "chunk":
-        flags.append("ITL per chunk (tokens per chunk unknown)")
-    source = _text(row.get("tokens_source"))
-    if source and source != "server":
-        flags.append(f"tokens counted by the client ({source})")
-    return "; ".join(flags)
-
-
-def load_levels(
-    results_dir: str, max_error_rate: float = DEFAULT_MAX_ERROR_RATE
-) -> tuple[pd.DataFrame, list]:
-    """levels.csv as a normalised frame; a ReportError naming the fix when it is unusable."""
+def _from_csv(results_dir: str) -> LevelRecords:
     path = os.path.join(results_dir, LEVELS)
-    if not os.path.isdir(results_dir):
-        raise ReportError(
-            f"results_dir {results_dir} is not a directory; pass results/<run_id> "
-            "(or results/latest)"
-        )
     if not os.path.isfile(path):
         raise ReportError(
-            f"no {LEVELS} in {results_dir}: no level finished in this run, or this is "
-            "not a run directory; pass results/<run_id> of a run that measured at "
-            "least one level"
+            f"no {LEVELS} in {results_dir} (and no {PARTS_DIR}/): no level finished in this "
+            "run, or this is not a run directory; pass results/<run_id> of a run that measured "
+            "at least one level"
         )
     try:
-        frame = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise ReportError(f"{path} is empty: no level finished in this run") from None
-    except (ValueError, pd.errors.ParserError) as exc:
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), None)
+        rows = read_levels_csv(path)
+    except (OSError, csv.Error, UnicodeDecodeError) as exc:
         raise ReportError(f"{path} is not a readable CSV ({exc}); rebuild it from parts/") from exc
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if not header:
+        raise ReportError(f"{path} is empty: no level finished in this run")
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise ReportError(
             f"{path} lacks the column(s) {', '.join(missing)}; servelab's levels.csv "
             f"has {', '.join(LEVEL_COLUMNS)}"
         )
-    if frame.empty:
+    if not rows:
         raise ReportError(f"{path} has a header but no rows: no level finished in this run")
-    warnings = []
+    requests = os.path.join(results_dir, REQUESTS)
+    return LevelRecords(rows, path, [requests] if os.path.isfile(requests) else [])
+
+
+def level_records(results_dir: str) -> LevelRecords:
+    """The run's level rows: from its parts, else from its levels.csv."""
+    if not os.path.isdir(results_dir):
+        raise ReportError(
+            f"results_dir {results_dir} is not a directory; pass results/<run_id> "
+            "(or results/latest)"
+        )
+    return _from_parts(results_dir) or _from_csv(results_dir)
+
+
+def level_frame(
+    records: LevelRecords, max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+) -> tuple[pd.DataFrame, list]:
+    """The typed rows as the report's frame, each with its verdict (usable, note) and flags."""
+    rows = []
+    for row in records.rows:
+        verdict = level_verdict(row, max_error_rate)
+        rows.append(dict(row, usable=verdict.usable, note=verdict.note,
+                         flags="; ".join(level_flags(row))))
+    # Column by column as objects, so text and flags keep their values (None stays None, not
+    # NaN); figures become numbers below.
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    frame = pd.DataFrame(
+        {name: pd.Series([row.get(name) for row in rows], dtype=object) for name in columns}
+    )
     for column in LEVEL_COLUMNS:
         if column not in frame.columns:
             frame[column] = False if column == "client_limited" else float("nan")
@@ -146,34 +152,43 @@ def load_levels(
     concurrency = pd.to_numeric(frame["concurrency"], errors="coerce")
     if concurrency.isna().any() or (concurrency <= 0).any():
         raise ReportError(
-            f"{path}: column concurrency must hold positive integers; rows "
+            f"{records.source}: column concurrency must hold positive integers; rows "
             f"{list(frame.index[concurrency.isna() | (concurrency <= 0)])} do not"
         )
     frame["concurrency"] = concurrency.astype(int)
-    for column in LEVEL_COLUMNS:
-        if column not in ("host", "profile", "concurrency", "client_limited"):
+    for column in frame.columns:
+        # Figures are numbers (NaN = not measured) whatever file they came from.
+        kind = FIELD[column].kind if column in FIELD else None
+        if kind in (KIND_INT, KIND_FLOAT) and column != "concurrency":
             frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    frame["client_limited"] = frame["client_limited"].map(_as_bool).astype(bool)
+    frame["client_limited"] = frame["client_limited"].map(as_bool).astype(bool)
+    frame["usable"] = frame["usable"].astype(bool)
+    if "load_mode" in frame.columns and "request_rate" not in frame.columns:
+        frame["request_rate"] = float("nan")
     key = ["host", "profile", "concurrency"] + (
         ["load_mode", "request_rate"] if "load_mode" in frame.columns else []
     )
-    if "request_rate" not in frame.columns and "load_mode" in frame.columns:
-        frame["request_rate"] = float("nan")
+    warnings = []
     duplicated = frame.duplicated(key, keep="last")
     if duplicated.any():
         keys = frame.loc[duplicated, ["host", "profile", "concurrency"]].values.tolist()
         warnings.append(
-            f"{LEVELS} repeats (host, profile, concurrency) {keys}; the last row of each is used"
+            f"{os.path.basename(records.source)} repeats (host, profile, concurrency) {keys}; "
+            "the last row of each is used"
         )
         frame = frame.loc[~duplicated]
-    verdicts = [_level_verdict(row, max_error_rate) for _, row in frame.iterrows()]
-    frame["usable"] = [v[0] for v in verdicts]
-    frame["note"] = [v[1] for v in verdicts]
-    frame["flags"] = [_level_flags(row) for _, row in frame.iterrows()]
     frame = frame.sort_values(["host", "profile", "concurrency"], kind="stable").reset_index(
         drop=True
     )
     return frame, warnings
+
+
+def load_levels(
+    results_dir: str, max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+) -> tuple[pd.DataFrame, list]:
+    """The run's level frame (parts, else levels.csv); a ReportError naming the fix when there
+    is nothing to report."""
+    return level_frame(level_records(results_dir), max_error_rate)
 
 
 def split_load_modes(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -181,7 +196,7 @@ def split_load_modes(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     rate levels are reported apart, never mixed into the concurrency curves."""
     if "load_mode" not in frame.columns:
         return frame, frame.iloc[0:0]
-    is_rate = frame["load_mode"].map(_text).str.lower() == "rate"
+    is_rate = frame["load_mode"].map(lambda mode: str(mode).strip().lower()) == LOAD_MODE_RATE
     return frame[~is_rate].reset_index(drop=True), frame[is_rate].reset_index(drop=True)
 
 
@@ -199,38 +214,41 @@ def load_manifest(results_dir: str) -> tuple[dict, list]:
     return data, []
 
 
-def load_request_errors(results_dir: str, limit: int = 3) -> tuple[dict, list]:
-    """The commonest error texts per (host, profile, concurrency) from requests.jsonl.
+def load_request_errors(request_files: list, limit: int = 3) -> tuple[dict, list]:
+    """The commonest error texts per (host, profile, concurrency) in the request records (the
+    parts' .jsonl files, or requests.jsonl for a run without parts).
 
-    Streamed line by line: the file can hold hundreds of thousands of records and only the
-    failing ones matter here.
+    Streamed line by line: a run can hold hundreds of thousands of records and only the failing
+    ones matter here.
     """
-    path = os.path.join(results_dir, REQUESTS)
     counters: dict = {}
-    bad_lines = 0
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if '"error"' not in line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    bad_lines += 1
-                    continue
-                error = record.get("error")
-                # Tail requests cancelled when a level ends are not errors (llm_bench's rule too).
-                if not error or str(error).startswith(CANCELLED_PREFIX):
-                    continue
-                key = (
-                    str(record.get("host")),
-                    str(record.get("profile")),
-                    record.get("concurrency"),
-                )
-                counters.setdefault(key, Counter())[str(error)[:160]] += 1
-    except FileNotFoundError:
-        return {}, []
-    warnings = [f"{path}: {bad_lines} unreadable line(s) skipped"] if bad_lines else []
+    warnings = []
+    for path in request_files:
+        bad_lines = 0
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    if '"error"' not in line:
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        bad_lines += 1
+                        continue
+                    error = record.get("error")
+                    # Tail requests cancelled when a level ends are not errors (llm_bench's rule).
+                    if not error or str(error).startswith(CANCELLED_PREFIX):
+                        continue
+                    key = (
+                        str(record.get("host")),
+                        str(record.get("profile")),
+                        record.get("concurrency"),
+                    )
+                    counters.setdefault(key, Counter())[str(error)[:160]] += 1
+        except FileNotFoundError:
+            continue
+        if bad_lines:
+            warnings.append(f"{path}: {bad_lines} unreadable line(s) skipped")
     return {k: c.most_common(limit) for k, c in counters.items()}, warnings
 
 
@@ -265,18 +283,19 @@ def load_run(results_dir: str, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -
             f"max_error_rate must be a fraction between 0 and 1, got {max_error_rate!r}"
         )
     try:
-        levels, warnings = load_levels(results_dir, max_error_rate)
+        records = level_records(results_dir)
     except ReportError as exc:
         raise ReportError(str(exc) + _recorded_failures(results_dir)) from None
+    levels, warnings = level_frame(records, max_error_rate)
     levels, rate_levels = split_load_modes(levels)
     if levels.empty:
         raise ReportError(
-            f"{os.path.join(results_dir, LEVELS)} holds only open-loop (request-rate) "
-            "levels; the report compares profiles over closed-loop concurrency levels"
+            f"{records.source} holds only open-loop (request-rate) levels; the report compares "
+            "profiles over closed-loop concurrency levels"
         )
     manifest, more = load_manifest(results_dir)
     warnings += more
-    errors, more = load_request_errors(results_dir)
+    errors, more = load_request_errors(records.request_files)
     warnings += more
     run_id = str(manifest.get("run_id") or os.path.basename(os.path.realpath(results_dir)))
     return RunData(

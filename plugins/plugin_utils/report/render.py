@@ -1,23 +1,34 @@
 """Render the report: the tables (as data), summary.md and a self-contained report.html.
 
 Tables are built once as `Table` (header + rows of strings) and written both as Markdown and as
-HTML, so the two files cannot disagree. The HTML has inline CSS and base64 PNGs only: no script,
-no link, no external URL, so it opens the same offline, attached to a mail or from a share.
+HTML, so the two files cannot disagree. Every level figure in them is titled and formatted from
+results/levels.py's field table by results/level_views.py, as the live progress lines are. The
+HTML has inline CSS and base64 PNGs only: no script, no link, no external URL, so it opens the
+same offline, attached to a mail or from a share.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import math
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import (
+    MISSING,
+    format_value,
+    table_cells,
+    view_headers,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    FIELD,
+    VIEW_RATE_TABLE,
+    VIEW_TABLE,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import fmt_c, profiles_in
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import RunContext, failed_records
 
-MISSING = "-"
 # Plots in reading order, with their headings in the HTML.
 PLOT_TITLES = {
     "throughput.png": "Output throughput vs concurrency",
@@ -55,30 +66,8 @@ class ReportContent:
     rate_levels: pd.DataFrame | None = None  # open-loop rows, shown apart
 
 
-def _f(value, digits: int = 1) -> str:
-    if value is None:
-        return MISSING
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return MISSING
-    return MISSING if math.isnan(value) else f"{value:.{digits}f}"
-
-
-def _pair(row, metric: str) -> str:
-    return f"{_f(row[f'{metric}_p50_ms'])} / {_f(row[f'{metric}_p99_ms'])}"
-
-
-def _tok_s(row) -> str:
-    ci = _f(row["output_tok_s_ci95"])
-    return _f(row["output_tok_s"]) + ("" if ci == MISSING else f" ± {ci}")
-
-
-def _errors(row) -> str:
-    errors, requests = row["errors"], row["requests"]
-    if pd.isna(requests):
-        return MISSING
-    return f"{0 if pd.isna(errors) else int(errors)}/{int(requests)}"
+def _title(name: str) -> str:
+    return FIELD[name].title
 
 
 def _speedup_cell(point) -> str:
@@ -107,15 +96,18 @@ def level_table(content: ReportContent) -> Table:
                for c in content.crossovers if c.status == "crossed"}
     has_baseline = baseline in set(levels["profile"])
     vs = f"vs {baseline}"
-    headers = (["host"] if levels["host"].nunique() > 1 else []) + [
-        "C", "profile", "output tok/s ± CI95"] + ([vs] if has_baseline else []) + [
-        "TTFT p50 / p99 ms", "TPOT p50 / p99 ms", "ITL p50 / p99 ms", "errors", "notes"]
+    host_h, c_h, profile_h = _title("host"), _title("concurrency"), _title("profile")
+    # The throughput cell first, then the speedup derived from it, then the other figures.
+    figures = view_headers(VIEW_TABLE)
+    headers = ([host_h] if levels["host"].nunique() > 1 else []) + [
+        c_h, profile_h, figures[0]] + ([vs] if has_baseline else []) + figures[1:] + ["notes"]
     rows = []
     for host, host_rows in levels.groupby("host", sort=True):
         by_key = {(r["profile"], int(r["concurrency"])): r for _, r in host_rows.iterrows()}
         for c in all_levels(host_rows, content.planned_levels):
             for profile in profiles_in(host_rows, baseline):
-                cells = {"host": str(host), "C": str(c), "profile": profile}
+                cells = {host_h: str(host), c_h: format_value("concurrency", c),
+                         profile_h: profile}
                 row = by_key.get((profile, c))
                 if row is None:
                     cells["notes"] = "missing: not measured (run cut short or profile failed)"
@@ -130,15 +122,9 @@ def level_table(content: ReportContent) -> Table:
                     notes.append(row["flags"])
                 if crossed.get((host, profile)) == c:
                     notes.append(f"<- falls below {baseline}")
-                cells.update({
-                    "output tok/s ± CI95": _tok_s(row),
-                    vs: _speedup_cell(speedups.get((host, profile, c))),
-                    "TTFT p50 / p99 ms": _pair(row, "ttft"),
-                    "TPOT p50 / p99 ms": _pair(row, "tpot"),
-                    "ITL p50 / p99 ms": _pair(row, "itl"),
-                    "errors": _errors(row),
-                    "notes": "; ".join(notes),
-                })
+                cells.update(table_cells(row, VIEW_TABLE))
+                cells.update({vs: _speedup_cell(speedups.get((host, profile, c))),
+                              "notes": "; ".join(notes)})
                 rows.append([cells[h] for h in headers])
     footnotes = []
     if has_baseline:
@@ -155,14 +141,14 @@ def side_by_side_table(content: ReportContent, host: str) -> Table:
     profiles = profiles_in(host_rows, content.baseline)
     speedups = {(p.profile, p.concurrency): p for p in content.speedup if p.host == host}
     others = [p for p in profiles if p != content.baseline and content.baseline in profiles]
-    headers = ["C"] + profiles + [f"{p} vs {content.baseline}" for p in others]
+    headers = [_title("concurrency")] + profiles + [f"{p} vs {content.baseline}" for p in others]
     by_key = {(r["profile"], int(r["concurrency"])): r for _, r in host_rows.iterrows()}
     rows = []
     for c in all_levels(host_rows, content.planned_levels):
-        cells = [str(c)]
+        cells = [format_value("concurrency", c)]
         for profile in profiles:
             row = by_key.get((profile, c))
-            cell = MISSING if row is None else _f(row["output_tok_s"])
+            cell = MISSING if row is None else format_value("output_tok_s", row["output_tok_s"])
             if row is not None and not row["usable"]:
                 cell += " (excluded)"
             cells.append(cell)
@@ -173,28 +159,32 @@ def side_by_side_table(content: ReportContent, host: str) -> Table:
 
 def compare_table(content: ReportContent) -> Table:
     multi_host = len({p.host for p in content.comparison}) > 1
-    headers = (["host"] if multi_host else []) + [
-        "C",
-        "profile",
-        "output tok/s",
+    headers = ([_title("host")] if multi_host else []) + [
+        _title("concurrency"),
+        _title("profile"),
+        _title("output_tok_s"),
         "earlier",
         "change",
-        "TTFT p50 ms (earlier)",
-        "TPOT p50 ms (earlier)",
+        f"{_title('ttft_p50_ms')} (earlier)",
+        f"{_title('tpot_p50_ms')} (earlier)",
     ]
+
+    def now_and_then(name: str, now, then) -> str:
+        return f"{format_value(name, now)} ({format_value(name, then)})"
+
     rows = []
     for p in content.comparison:
         change = MISSING if p.delta_pct is None else f"{p.delta_pct:+.1f}%"
         rows.append(
             ([p.host] if multi_host else [])
             + [
-                str(p.concurrency),
+                format_value("concurrency", p.concurrency),
                 p.profile,
-                _f(p.output_tok_s),
-                _f(p.earlier_output_tok_s),
+                format_value("output_tok_s", p.output_tok_s),
+                format_value("output_tok_s", p.earlier_output_tok_s),
                 change,
-                f"{_f(p.ttft_p50_ms)} ({_f(p.earlier_ttft_p50_ms)})",
-                f"{_f(p.tpot_p50_ms)} ({_f(p.earlier_tpot_p50_ms)})",
+                now_and_then("ttft_p50_ms", p.ttft_p50_ms, p.earlier_ttft_p50_ms),
+                now_and_then("tpot_p50_ms", p.tpot_p50_ms, p.earlier_tpot_p50_ms),
             ]
         )
     return Table(headers, rows)
@@ -205,39 +195,22 @@ def rate_table(content: ReportContent) -> Table | None:
     rows_in = content.rate_levels
     if rows_in is None or rows_in.empty:
         return None
-    headers = [
-        "host",
-        "profile",
-        "request/s offered",
-        "max in flight",
-        "output tok/s ± CI95",
-        "TTFT p50 / p99 ms",
-        "TPOT p50 / p99 ms",
-        "errors",
-        "notes",
-    ]
+    headers = [_title("host"), _title("profile")] + view_headers(VIEW_RATE_TABLE) + ["notes"]
     rows = []
     for _, row in rows_in.sort_values(["host", "profile", "request_rate"]).iterrows():
         notes = "; ".join(n for n in (row["note"], row.get("flags", "")) if n)
         rows.append(
-            [
-                str(row["host"]),
-                str(row["profile"]),
-                _f(row.get("request_rate"), 2),
-                str(int(row["concurrency"])),
-                _tok_s(row),
-                _pair(row, "ttft"),
-                _pair(row, "tpot"),
-                _errors(row),
-                notes,
-            ]
+            [str(row["host"]), str(row["profile"])]
+            + list(table_cells(row, VIEW_RATE_TABLE).values())
+            + [notes]
         )
     return Table(
         headers,
         rows,
         [
-            "Open-loop levels are not part of the speedup, crossover or "
-            "recommendation, which compare closed-loop concurrency levels."
+            f"{_title('concurrency')}: the cap on requests in flight. Open-loop levels are not "
+            "part of the speedup, crossover or recommendation, which compare closed-loop "
+            "concurrency levels."
         ],
     )
 

@@ -1,0 +1,123 @@
+"""What a finished level's figures are good for: one verdict, for the sweep and for the report.
+
+llm_bench stops a profile's sweep after a *failed* level (the server is not serving: going on
+would only pile up errors), and bench_report leaves every level that is not *usable* out of the
+speedup, the crossover and the recommendation. Both ask `level_verdict`, so a level that stops
+the sweep is the level the report marks failed, for the same reason in the same words.
+
+Rows come typed (a LevelRow as a dict, a part file, a module result) or from a frame (NaN where
+a figure is missing); a field an older levels.csv lacks is simply not checked.
+Standard library only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Mapping, Optional
+
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    ITL_BASIS_CHUNK, STOP_SERVER_FAILING, TOKENS_SERVER, as_bool,
+)
+
+USABLE = "usable"
+FAILED = "failed"                   # the server did not serve this level: the sweep stops
+CLIENT_LIMITED = "client_limited"   # the client, not the server, set the pace
+EXCLUDED = "excluded"               # measured, but too many errors to draw conclusions from
+
+DEFAULT_MAX_ERROR_RATE = 0.1
+FIRST_ERROR_CHARS = 120             # of the first error's text quoted in a reason
+# An optional `status` column (hand-made or older results) counts as ok with one of these.
+OK_STATUSES = frozenset(("", "ok", "nan", "none", "finished", "success", "succeeded"))
+
+
+@dataclass(frozen=True)
+class LevelVerdict:
+    status: str        # USABLE | FAILED | CLIENT_LIMITED | EXCLUDED
+    reason: str = ""   # why it is not usable, in words a reader acts on
+
+    @property
+    def usable(self) -> bool:
+        return self.status == USABLE
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
+    @property
+    def note(self) -> str:
+        """How tables and lines mark the level: '' when usable, 'failed: <reason>' when failed."""
+        if self.failed:
+            return "%s: %s" % (FAILED, self.reason)
+        return self.reason
+
+
+def _number(row: Mapping, name: str) -> Optional[float]:
+    value = row.get(name)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _text(row: Mapping, name: str) -> str:
+    value = row.get(name)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value).strip()
+
+
+def _first_error(row: Mapping) -> str:
+    return _text(row, "first_error")[:FIRST_ERROR_CHARS]
+
+
+def level_verdict(row: Mapping, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> LevelVerdict:
+    """The verdict on one level row; the first rule that applies decides."""
+    status = _text(row, "status").lower()
+    if status not in OK_STATUSES:
+        return LevelVerdict(FAILED, "status %s" % status)
+    run_requests, run_errors = _number(row, "run_requests"), _number(row, "run_errors")
+    requests, errors = _number(row, "requests"), _number(row, "errors")
+    first_error = _first_error(row)
+    if run_requests and run_errors is not None and run_errors >= run_requests:
+        return LevelVerdict(FAILED, "all %d requests failed%s" % (
+            run_requests, " (first error: %s)" % first_error if first_error else ""))
+    if _text(row, "stop_reason") == STOP_SERVER_FAILING:
+        count = run_errors if run_errors is not None else (errors or 0)
+        return LevelVerdict(FAILED, "the server kept failing (%d errors%s)" % (
+            count, "; first: %s" % first_error if first_error else ""))
+    # Both counts zero: not even the warmup finished (a window's requests are part of the run's).
+    if run_requests == 0 and not requests:
+        return LevelVerdict(FAILED, "no request finished (stop reason: %s)" % (
+            _text(row, "stop_reason") or "not recorded"))
+    tok_s = _number(row, "output_tok_s")
+    if tok_s is None or tok_s <= 0:
+        return LevelVerdict(FAILED, "no output measured" + (
+            " (%s)" % first_error if first_error else ""))
+    if requests is not None and requests <= 0:
+        return LevelVerdict(FAILED, "no request completed")
+    if requests is not None and errors is not None and errors >= requests:
+        return LevelVerdict(FAILED, "all %d requests errored" % requests)
+    if as_bool(row.get("client_limited")):
+        return LevelVerdict(CLIENT_LIMITED, "client-limited")
+    if requests and errors is not None and errors / requests > max_error_rate:
+        return LevelVerdict(EXCLUDED, "errors %.0f%% > %.0f%%" % (
+            100 * errors / requests, 100 * max_error_rate))
+    return LevelVerdict(USABLE)
+
+
+def level_flags(row: Mapping) -> List[str]:
+    """Facts about a level a reader must know; they do not make it unusable."""
+    flags = []
+    complete = row.get("window_complete")
+    if _text(row, "window_complete") and not as_bool(complete):
+        reason = _text(row, "stop_reason")
+        flags.append("window incomplete" + (" (%s)" % reason if reason else ""))
+    if _text(row, "itl_basis") == ITL_BASIS_CHUNK:
+        flags.append("ITL per chunk (tokens per chunk unknown)")
+    source = _text(row, "tokens_source")
+    if source and source != TOKENS_SERVER:
+        flags.append("tokens counted by the client (%s)" % source)
+    return flags

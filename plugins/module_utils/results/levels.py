@@ -1,0 +1,379 @@
+"""The level row: its typed form (LevelRow) and one definition per field (FIELDS).
+
+A level row is one (host, profile, load level) of a sweep, as llm_bench measured it. Each field is
+defined here once, with its unit, its header, its display format and what it means; levels.csv's
+columns, the live progress line, the callback's lines and the report's tables are all rendered
+from these definitions (level_views.py), so a figure reads the same wherever it is shown.
+
+The words the row's text fields take (load modes, ITL basis, token source, stop reasons) are
+defined here too: producers write them and consumers compare against them by name.
+
+Standard library only: shipped to targets with the load generator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS
+
+# --------------------------------------------------------------------------------------------
+# The words of the row's text fields
+
+LOAD_MODE_CONCURRENCY = "concurrency"   # closed loop: C workers, each sends when its last ended
+LOAD_MODE_RATE = "rate"                 # open loop: arrivals at request_rate, C caps in flight
+
+ITL_BASIS_TOKEN = "token"     # ITL per token (the server said how many tokens each chunk held)
+ITL_BASIS_CHUNK = "chunk"     # ITL per chunk (it did not)
+
+TOKENS_SERVER = "server"      # token counts from the server (usage, meta_info)
+TOKENS_CHUNKS = "chunks"      # labelled fallback: token-carrying chunks counted by the client
+
+# Why a level stopped (`stop_reason`).
+STOP_WINDOW_COMPLETE = "window complete"
+STOP_LEVEL_TIMEOUT = "level_timeout reached"
+STOP_SERVER_FAILING = "server failing"      # errors kept coming: the level gave up
+STOP_ABORTED = "aborted"
+STOP_UNKNOWN = "unknown"
+
+
+# --------------------------------------------------------------------------------------------
+# The typed row (results.LEVEL_COLUMNS first, then the extra columns)
+
+
+@dataclass
+class LevelRow:
+    host: str
+    profile: str
+    concurrency: int
+    requests: int
+    errors: int
+    window_s: float
+    output_tok_s: Optional[float]
+    output_tok_s_ci95: Optional[float]
+    total_tok_s: Optional[float]
+    request_s: Optional[float]
+    ttft_p50_ms: Optional[float]
+    ttft_p90_ms: Optional[float]
+    ttft_p99_ms: Optional[float]
+    tpot_p50_ms: Optional[float]
+    tpot_p90_ms: Optional[float]
+    tpot_p99_ms: Optional[float]
+    itl_p50_ms: Optional[float]
+    itl_p99_ms: Optional[float]
+    e2e_p50_ms: Optional[float]
+    e2e_p99_ms: Optional[float]
+    goodput_request_s: Optional[float]
+    client_limited: bool
+    # --- extra columns (consumers tolerate them) ---
+    load_mode: str = LOAD_MODE_CONCURRENCY
+    request_rate: Optional[float] = None
+    itl_basis: str = ITL_BASIS_TOKEN
+    tokens_source: str = TOKENS_SERVER
+    ttft_mean_ms: Optional[float] = None
+    tpot_mean_ms: Optional[float] = None
+    itl_mean_ms: Optional[float] = None
+    itl_p90_ms: Optional[float] = None
+    e2e_p90_ms: Optional[float] = None
+    ci_batches: int = 0
+    run_s: Optional[float] = None
+    run_requests: int = 0
+    run_errors: int = 0
+    run_output_tok_s: Optional[float] = None
+    run_request_s: Optional[float] = None
+    run_ttft_p50_ms: Optional[float] = None
+    run_tpot_p50_ms: Optional[float] = None
+    run_e2e_p50_ms: Optional[float] = None
+    cancelled_tail: int = 0
+    client_processes: int = 1
+    client_cpu_s: Optional[float] = None
+    client_cpu_util: Optional[float] = None
+    client_cpu_us_per_token: Optional[float] = None
+    loop_lag_p99_ms: Optional[float] = None
+    loop_lag_max_ms: Optional[float] = None
+    window_complete: bool = True
+    window_start_ns: int = 0
+    window_end_ns: int = 0
+    stop_reason: str = ""
+    first_error: Optional[str] = None
+    # Flattened into the server_* columns of levels.csv (SERVER fields below).
+    server_metrics: Dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# One definition per field
+
+KIND_STR, KIND_INT, KIND_FLOAT, KIND_BOOL = "str", "int", "float", "bool"
+
+
+@dataclass(frozen=True)
+class LevelField:
+    """One field of a level row: how it is called, counted and shown."""
+    name: str        # LevelRow attribute and levels.csv column
+    unit: str        # "" for counts, labels and flags
+    header: str      # what tables and lines call it, without the unit
+    fmt: str         # format() spec of its value on display; "" for text and flags
+    meaning: str     # one sentence: what the figure is
+    kind: str        # KIND_*: how a levels.csv cell is read back
+    optional: bool   # None is a value (not measured); a blank cell reads back as None
+    server: bool     # one of the server's /metrics figures (LevelRow.server_metrics)
+
+    @property
+    def title(self) -> str:
+        """Header and unit, as a column title: 'TTFT p50 ms'."""
+        return "%s %s" % (self.header, self.unit) if self.unit else self.header
+
+    @property
+    def views(self) -> Tuple[str, ...]:
+        """The views that show this field: levels.csv, and the layouts below that name it (the
+        fields that name a level head every view)."""
+        return (VIEW_CSV,) + tuple(
+            view for view, cells in LAYOUTS.items()
+            if self.name in IDENTITY or any(self.name in cell.fields for cell in cells))
+
+
+def _annotation(name: str) -> Tuple[str, bool]:
+    """(kind, optional) from LevelRow's annotation of `name` ('Optional[float]' -> float, True)."""
+    text = str(LevelRow.__dataclass_fields__[name].type)
+    optional = text.startswith("Optional[")
+    inner = text[len("Optional["):-1] if optional else text
+    if inner not in (KIND_STR, KIND_INT, KIND_FLOAT, KIND_BOOL):
+        raise TypeError("LevelRow.%s: %s is not a plain column type" % (name, text))
+    return inner, optional
+
+
+def _row_field(name: str, unit: str, header: str, fmt: str, meaning: str) -> LevelField:
+    kind, optional = _annotation(name)
+    return LevelField(name, unit, header, fmt, meaning, kind, optional, server=False)
+
+
+def _server_field(name: str, unit: str, header: str, fmt: str, meaning: str) -> LevelField:
+    return LevelField(name, unit, header, fmt, meaning, KIND_FLOAT, optional=True, server=True)
+
+
+_WINDOW = "over the window requests that succeeded"
+
+FIELDS: Tuple[LevelField, ...] = (
+    # --- the contract's columns (results.LEVEL_COLUMNS), in their order ---
+    _row_field("host", "", "host", "", "inventory host the server under test ran on"),
+    _row_field("profile", "", "profile", "", "server profile (results label)"),
+    _row_field("concurrency", "", "C", "d",
+               "closed loop: workers, each sending its next request when its last one ended; "
+               "open loop: the cap on requests in flight"),
+    _row_field("requests", "", "requests", "d",
+               "window requests: sent inside the measurement window (cancelled tail excluded)"),
+    _row_field("errors", "", "errors", "d", "window requests that failed"),
+    _row_field("window_s", "s", "window", ".1f", "length of the measurement window"),
+    _row_field("output_tok_s", "tok/s", "output", ".1f",
+               "generated tokens that arrived inside the window / window length"),
+    _row_field("output_tok_s_ci95", "tok/s", "CI95", ".1f",
+               "95% confidence half-width of output tok/s (batch means)"),
+    _row_field("total_tok_s", "tok/s", "total", ".1f",
+               "output tokens plus the prompt tokens of requests whose first token arrived "
+               "inside the window, / window length"),
+    _row_field("request_s", "request/s", "throughput", ".2f", "window requests / window length"),
+    _row_field("ttft_p50_ms", "ms", "TTFT p50", ".1f", "time to first token, median " + _WINDOW),
+    _row_field("ttft_p90_ms", "ms", "TTFT p90", ".1f", "time to first token, p90 " + _WINDOW),
+    _row_field("ttft_p99_ms", "ms", "TTFT p99", ".1f", "time to first token, p99 " + _WINDOW),
+    _row_field("tpot_p50_ms", "ms", "TPOT p50", ".1f",
+               "(t_last - t_first) / (completion_tokens - 1), median " + _WINDOW),
+    _row_field("tpot_p90_ms", "ms", "TPOT p90", ".1f", "time per output token, p90 " + _WINDOW),
+    _row_field("tpot_p99_ms", "ms", "TPOT p99", ".1f", "time per output token, p99 " + _WINDOW),
+    _row_field("itl_p50_ms", "ms", "ITL p50", ".1f",
+               "inter-token latency per token (a k-token chunk counts k gaps of gap/k), median"),
+    _row_field("itl_p99_ms", "ms", "ITL p99", ".1f", "inter-token latency, p99"),
+    _row_field("e2e_p50_ms", "ms", "E2E p50", ".1f", "send to last token, median " + _WINDOW),
+    _row_field("e2e_p99_ms", "ms", "E2E p99", ".1f", "send to last token, p99 " + _WINDOW),
+    _row_field("goodput_request_s", "request/s", "goodput", ".2f",
+               "window requests that met every given SLO / window length; none without an SLO"),
+    _row_field("client_limited", "", "client-limited", "",
+               "a client process used >= 90% of a core or its loop-lag p99 was >= 2 ms: the "
+               "figures measure the client, not the server"),
+    # --- the extra columns, in LevelRow's order ---
+    _row_field("load_mode", "", "load mode", "", "concurrency (closed loop) or rate (open loop)"),
+    _row_field("request_rate", "request/s", "offered", ".2f",
+               "open loop: the arrival rate asked for; none in closed loop"),
+    _row_field("itl_basis", "", "ITL basis", "",
+               "token: per-token ITL; chunk: per chunk (the server sent no per-chunk counts)"),
+    _row_field("tokens_source", "", "tokens source", "",
+               "server: the server's token counts; chunks: counted by the client (fallback)"),
+    _row_field("ttft_mean_ms", "ms", "TTFT mean", ".1f", "time to first token, mean"),
+    _row_field("tpot_mean_ms", "ms", "TPOT mean", ".1f", "time per output token, mean"),
+    _row_field("itl_mean_ms", "ms", "ITL mean", ".1f", "inter-token latency, token-weighted mean"),
+    _row_field("itl_p90_ms", "ms", "ITL p90", ".1f", "inter-token latency, p90"),
+    _row_field("e2e_p90_ms", "ms", "E2E p90", ".1f", "send to last token, p90"),
+    _row_field("ci_batches", "", "CI batches", "d", "batches the window was cut into for CI95"),
+    _row_field("run_s", "s", "run", ".1f", "whole level: first send to last token"),
+    _row_field("run_requests", "", "run requests", "d",
+               "requests of the whole level that finished (cancelled tail excluded)"),
+    _row_field("run_errors", "", "run errors", "d", "requests of the whole level that failed"),
+    _row_field("run_output_tok_s", "tok/s", "run output", ".1f",
+               "whole level: output tokens / run_s, as other tools report it"),
+    _row_field("run_request_s", "request/s", "run throughput", ".2f",
+               "whole level: successful requests / run_s"),
+    _row_field("run_ttft_p50_ms", "ms", "run TTFT p50", ".1f", "whole level: TTFT median"),
+    _row_field("run_tpot_p50_ms", "ms", "run TPOT p50", ".1f", "whole level: TPOT median"),
+    _row_field("run_e2e_p50_ms", "ms", "run E2E p50", ".1f", "whole level: E2E median"),
+    _row_field("cancelled_tail", "", "cancelled", "d",
+               "requests still in flight when the level ended, cancelled (not errors)"),
+    _row_field("client_processes", "", "client processes", "d", "load-generator processes"),
+    _row_field("client_cpu_s", "s", "client CPU", ".2f", "CPU time of all client processes"),
+    _row_field("client_cpu_util", "", "client CPU of a core", ".0%",
+               "busiest client process's CPU over the window, as a fraction of one core"),
+    _row_field("client_cpu_us_per_token", "us/token", "client CPU", ".1f",
+               "client CPU in the window per streamed output token"),
+    _row_field("loop_lag_p99_ms", "ms", "loop lag p99", ".2f",
+               "client event-loop lag p99 (worst process)"),
+    _row_field("loop_lag_max_ms", "ms", "loop lag max", ".2f", "client event-loop lag, worst"),
+    _row_field("window_complete", "", "window complete", "",
+               "the window closed on its own terms (time and requests), not on a bound"),
+    _row_field("window_start_ns", "ns", "window start", "d", "client CLOCK_MONOTONIC"),
+    _row_field("window_end_ns", "ns", "window end", "d", "client CLOCK_MONOTONIC"),
+    _row_field("stop_reason", "", "stop reason", "",
+               "why the level ended: %s" % ", ".join((STOP_WINDOW_COMPLETE, STOP_LEVEL_TIMEOUT,
+                                                      STOP_SERVER_FAILING, STOP_ABORTED))),
+    _row_field("first_error", "", "first error", "", "text of the level's first failed request"),
+    # --- the server's /metrics over the window (loadgen/server_metrics.py), when it has them ---
+    _server_field("server_running_reqs_mean", "", "server running", ".1f",
+                  "requests the server was running, mean over the window"),
+    _server_field("server_queued_reqs_mean", "", "server queued", ".1f",
+                  "requests waiting in the server's queue, mean over the window"),
+    _server_field("server_token_usage_mean", "", "server KV usage", ".2f",
+                  "fraction of the KV cache in use, mean over the window"),
+    _server_field("server_spec_accept_length_mean", "tokens", "spec accept length", ".2f",
+                  "speculative decoding: tokens accepted per verification step, mean"),
+    _server_field("server_gen_throughput_mean", "tok/s", "server gen throughput", ".1f",
+                  "the server's own generation throughput gauge, mean over the window"),
+    _server_field("server_cache_hit_rate_mean", "", "server cache hit rate", ".2f",
+                  "prefix cache hit rate, mean over the window"),
+    _server_field("server_generation_tokens_s", "tok/s", "server generation", ".1f",
+                  "generated-token counter over the window, per second"),
+    _server_field("server_prompt_tokens_s", "tok/s", "server prompt", ".1f",
+                  "prompt-token counter over the window, per second"),
+    _server_field("server_requests_s", "request/s", "server requests", ".2f",
+                  "finished-request counter over the window, per second"),
+    _server_field("server_metrics_span_s", "s", "server metrics span", ".1f",
+                  "time between the /metrics samples the counters were differenced over"),
+)
+FIELD: Dict[str, LevelField] = {f.name: f for f in FIELDS}
+
+# levels.csv: the contract's columns first (consumers rely on their order), then the other row
+# fields in FIELDS order, then the server figures a run has (csv_columns).
+EXTRA_COLUMNS: Tuple[str, ...] = tuple(
+    f.name for f in FIELDS if not f.server and f.name not in LEVEL_COLUMNS)
+ROW_COLUMNS: Tuple[str, ...] = tuple(LEVEL_COLUMNS) + EXTRA_COLUMNS
+
+
+def csv_columns(server_names: Iterable[str] = ()) -> List[str]:
+    """levels.csv's header for rows whose server_metrics hold `server_names`: ROW_COLUMNS, then
+    those server figures in FIELDS order, then any the field table does not know, sorted (kept
+    rather than dropped: a newer server figure must not vanish from the export)."""
+    present = set(server_names)
+    known = [f.name for f in FIELDS if f.server and f.name in present]
+    return list(ROW_COLUMNS) + known + sorted(present - set(known))
+
+
+# --------------------------------------------------------------------------------------------
+# Views: which fields each one shows, and how they are grouped into cells
+
+
+SINGLE = "single"        # one field
+SPREAD = "spread"        # a value and its half-width: 90.0 ± 2.2
+QUANTILES = "quantiles"  # percentiles of one figure: 25.0 / 60.0
+COUNT = "count"          # a count out of a total: 3/40
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One figure as a reader sees it: a field, or fields that are read together."""
+    fields: Tuple[str, ...]
+    shape: str = SINGLE
+
+
+VIEW_CSV = "levels.csv"
+# Which level a row is: every view names it by these first (as row keys, not as figure cells).
+IDENTITY = ("host", "profile", "concurrency")
+VIEW_LINE = "line"               # the live line per level (llm_bench action, servelab callback)
+VIEW_TABLE = "table"             # the report's closed-loop level table
+VIEW_RATE_TABLE = "rate table"   # the report's open-loop (request-rate) table
+
+_TOK_S = Cell(("output_tok_s", "output_tok_s_ci95"), SPREAD)
+_ERRORS = Cell(("errors", "requests"), COUNT)
+LAYOUTS: Dict[str, Tuple[Cell, ...]] = {
+    VIEW_LINE: (_TOK_S, Cell(("ttft_p50_ms",)), Cell(("tpot_p50_ms",)), _ERRORS,
+                Cell(("window_s",))),
+    VIEW_TABLE: (_TOK_S, Cell(("ttft_p50_ms", "ttft_p99_ms"), QUANTILES),
+                 Cell(("tpot_p50_ms", "tpot_p99_ms"), QUANTILES),
+                 Cell(("itl_p50_ms", "itl_p99_ms"), QUANTILES), _ERRORS),
+    VIEW_RATE_TABLE: (Cell(("request_rate",)), Cell(("concurrency",)), _TOK_S,
+                      Cell(("ttft_p50_ms", "ttft_p99_ms"), QUANTILES),
+                      Cell(("tpot_p50_ms", "tpot_p99_ms"), QUANTILES), _ERRORS),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# levels.csv cells: written as text, read back typed
+
+_TRUE = frozenset(("true", "1", "yes", "y", "t"))
+
+
+def as_bool(value) -> bool:
+    """A flag from a typed value or from text ('true', 'false', '1', ...); None is false."""
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE
+    if value is None or value != value:   # None or NaN
+        return False
+    return bool(value)
+
+
+def csv_cell(value) -> object:
+    """A value as levels.csv writes it: None blank, flags true/false, the rest as is."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def _read_cell(f: LevelField, text: str):
+    text = text.strip()
+    if text == "" or text.lower() == "nan":
+        # A blank text field that cannot be None was written from "" (e.g. stop_reason).
+        return "" if f.kind == KIND_STR and not f.optional else None
+    if f.kind == KIND_STR:
+        return text
+    if f.kind == KIND_BOOL:
+        return text.lower() in _TRUE
+    try:
+        number = float(text)
+    except ValueError:
+        return None   # not a number where one belongs: shown as not measured
+    if f.kind == KIND_INT and number.is_integer():
+        return int(number)
+    return number
+
+
+def row_from_csv(record: Mapping[str, Optional[str]]) -> dict:
+    """One levels.csv record (text cells, as csv.DictReader gives them) as a typed row dict.
+
+    Only the columns present are set: an older or hand-written file keeps its gaps (and readers
+    their defaults). server_* cells go back into `server_metrics`; columns the field table does
+    not know (e.g. an optional `status`) are kept as text, blank as None."""
+    row: dict = {}
+    server: Dict[str, float] = {}
+    for name, text in record.items():
+        if name is None:            # cells beyond the header: nothing to name them by
+            continue
+        text = "" if text is None else str(text)
+        f = FIELD.get(name)
+        if f is not None and not f.server:
+            row[name] = _read_cell(f, text)
+        elif f is not None or name.startswith("server_"):
+            value = _read_cell(f or _server_field(name, "", name, "", ""), text)
+            if value is not None:
+                server[name] = value
+        else:
+            row[name] = text.strip() or None
+    if server or any(n.startswith("server_") for n in record if n):
+        row["server_metrics"] = server
+    return row
