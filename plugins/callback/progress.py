@@ -14,6 +14,8 @@ import functools
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line
+
 DOCUMENTATION = r"""
 ---
 name: servelab
@@ -24,7 +26,8 @@ description:
     task's C(msg) (tasks whose name starts with O(task_prefix), and the C(llm_bench),
     C(bench_report), C(bench_manifest) actions' failures).
   - A finished task's result may carry C(progress) (a list of lines) and C(levels) (llm_bench's
-    level rows); the callback prints them compactly, one line per level.
+    level rows); the callback prints them, one line per level, the line llm_bench prints
+    (same figures, same format, the same verdict as bench_report's).
   - At the end of the playbook, prints the table and crossover of every C(bench_report) task that
     ran, the report's files, and the servelab tasks that failed.
   - Works beside the default stdout callback (enable it with C(callbacks_enabled)); it never
@@ -91,13 +94,6 @@ def _short_action(task) -> str:
     return action.rsplit(".", 1)[-1]
 
 
-def _fmt(value, digits=1) -> str:
-    try:
-        return f"{float(value):.{digits}f}"
-    except (TypeError, ValueError):
-        return "-"
-
-
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "notification"
@@ -138,22 +134,11 @@ class CallbackModule(CallbackBase):
         return lines
 
     def _level_lines(self, result: dict) -> list:
-        """One compact line per llm_bench level row."""
-        lines = []
-        for row in result.get("levels") or []:
-            if not isinstance(row, dict):
-                continue
-            flag = (
-                " client-limited" if str(row.get("client_limited")).lower() in ("true", "1") else ""
-            )
-            lines.append(
-                f"{row.get('profile', '?')} C={row.get('concurrency', '?')}: "
-                f"{_fmt(row.get('output_tok_s'))} tok/s (±{_fmt(row.get('output_tok_s_ci95'))}), "
-                f"TTFT p50 {_fmt(row.get('ttft_p50_ms'))} ms, "
-                f"TPOT p50 {_fmt(row.get('tpot_p50_ms'))} ms, "
-                f"errors {row.get('errors', '-')}/{row.get('requests', '-')}{flag}"
-            )
-        return lines
+        """One line per llm_bench level row: llm_bench's own progress line."""
+        levels = result.get("levels")
+        if not isinstance(levels, (list, tuple)):
+            return []
+        return [level_line(row) for row in levels if isinstance(row, dict)]
 
     def _finished(self, result, status: str, color) -> None:
         task, host, data = (
