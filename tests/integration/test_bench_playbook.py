@@ -24,7 +24,7 @@ VENV_BIN = os.path.join(REPO, ".venv", "bin")
 pytestmark = pytest.mark.slow
 
 LEVELS = [1, 5, 30]
-TIME_SCALE = 40
+TIME_SCALE = 10
 PROMPT_TOKENS = 1024
 OUTPUT_TOKENS = 256
 # The field-fitted eagle3 wins or loses by only 2-4% around its crossover (the field's own margin:
@@ -33,6 +33,9 @@ OUTPUT_TOKENS = 256
 # predicted speedups at these levels are about 1.18x, 1.19x and 0.76x: the same code path, a
 # verdict that noise cannot flip.
 SPEC = {"profile": "eagle3", "spec_accept_rate": 0.8, "time_scale": TIME_SCALE}
+# TIME_SCALE 10, not faster: at 40 the C=30 levels streamed ~15k tok/s, and one client process
+# sharing 2 cores with the simulator was (rightly) flagged client-limited, which left the
+# crossover level out of the report and the test without a verdict.
 
 
 def _free_port() -> int:
