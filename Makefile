@@ -8,6 +8,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 STAMP := $(VENV)/.servelab-stamp
 COLL_STAMP := collections/.servelab-stamp
+LINT_STAMP := $(VENV)/.servelab-lint-stamp
 
 .PHONY: bench test setup lab-test gpu-test lint clean
 bench: setup
@@ -19,6 +20,19 @@ test: setup
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 setup: $(STAMP) $(COLL_STAMP)
+
+# Lint: ruff (pyproject.toml [tool.ruff]), ansible-lint, and ansible-test sanity on a copy of the
+# collection (tools/sanity.py; ignores in tests/sanity/ignore-2.19.txt, each with its reason).
+# The lint tools are pinned in requirements-lint.txt, installed into .venv under requirements.txt's
+# pins (ansible-core stays 2.19.14); ansible-test builds its own sanity tools' environments.
+lint: setup $(LINT_STAMP)
+	ruff check .
+# ansible-lint (production profile, .ansible-lint): its command goes here.
+	python tools/sanity.py
+
+$(LINT_STAMP): requirements-lint.txt requirements.txt $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt -c requirements.txt
+	touch $@
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)

@@ -33,7 +33,7 @@ def raw_floor(host: str, port: int, concurrency: int, body: dict, seconds: float
     wire = _request_bytes(host, port, path, body)
     sel = selectors.DefaultSelector()
     socks = []
-    for _ in range(concurrency):
+    for _i in range(concurrency):
         s = socket.create_connection((host, port))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.setblocking(False)
@@ -52,7 +52,7 @@ def raw_floor(host: str, port: int, concurrency: int, body: dict, seconds: float
             events = 0
         if now >= stop_at:
             break
-        for key, _ in sel.select(0.5):
+        for key, _events in sel.select(0.5):
             s = key.fileobj
             data = s.recv(262144)
             if not data:
@@ -139,7 +139,10 @@ def naive_level(base_url: str, model: str, concurrency: int, max_tokens: int, pr
     tpot = sorted((r["latency"] - r["ttft"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1)
     tokens = sum(r["tokens"] for r in ok)
     span = max(r["t_end"] for r in ok) - min(r["t_start"] for r in ok) if ok else 0.0
-    med = (lambda v: v[len(v) // 2] if v else float("nan"))
+
+    def med(v):
+        return v[len(v) // 2] if v else float("nan")
+
     return {"requests": len(ok), "errors": len(results) - len(ok),
             "output_tok_s": tokens / span if span else float("nan"),
             "ttft_p50_ms": med(ttft) * 1e3, "tpot_p50_ms": med(tpot) * 1e3,

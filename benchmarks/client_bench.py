@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How accurate, how cheap and how fast is servelab's load generator? (prints figures; no asserts)
 
 Against the simulator (plugins/module_utils/simulator.py), which logs when it really
@@ -214,8 +213,8 @@ def bench_firehose(args, out: List[str]) -> None:
         sim.stop()
     truth = sim.truth_records()
     out.append("### 3. Capacity, `firehose` setting (%d events per server write, 1 token per "
-               "event, C=%d, %d tokens per request)\n" % (args.events_per_write, args.firehose_c,
-                                                         args.firehose_tokens))
+               "event, C=%d, %d tokens per request)\n"
+               % (args.events_per_write, args.firehose_c, args.firehose_tokens))
     out.append("| client | processes | events/s (window) | truth | err % | TPOT p50 us | truth "
                "| err % | TTFT p50 ms | truth | CPU us/event | loop lag p99 ms | "
                "client_limited |")
@@ -266,7 +265,7 @@ def machine() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--quick", action="store_true", help="fewer levels, shorter windows")
     ap.add_argument("--write-md", nargs="?", const="", default=None, metavar="PATH",
                     help="append the tables to PATH (default benchmarks/results/client-<date>.md)")
@@ -309,9 +308,9 @@ def main(argv=None) -> int:
         bench_firehose(args, out)
     out.append("Targets: tok/s and TPOT p50 within %.1f %%, TTFT p50 within %.0f %% or %.0f ms "
                "of the truth; <= %.0f us client CPU per token at C=256 (fixed); >= %d events/s "
-               "in the firehose. Took %.0f s." % (TARGET_TOK, TARGET_TTFT, TARGET_TTFT_MS,
-                                                 TARGET_CPU_US, TARGET_EVENTS,
-                                                 time.monotonic() - started))
+               "in the firehose. Took %.0f s."
+               % (TARGET_TOK, TARGET_TTFT, TARGET_TTFT_MS, TARGET_CPU_US, TARGET_EVENTS,
+                  time.monotonic() - started))
     text = "\n".join(header + out) + "\n"
     print(text)
     if args.write_md is not None:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Performance figures of the simulator server (printed, never asserted). Standard library only.
 
     python3 benchmarks/sim_bench.py firehose [--streams 4] [--events-per-write 16] [--seconds 5]
@@ -32,7 +31,7 @@ def start_server(*args, truth_log=None):
     try:
         return ServerProcess(*args, truth_log=truth_log)
     except ServerStartError as exc:
-        raise SystemExit(f"server did not start: {exc}")
+        raise SystemExit(f"server did not start: {exc}") from exc
 
 
 def cpu_seconds(pid):
@@ -75,7 +74,7 @@ async def firehose(port, streams, seconds, max_tokens):
         writer.close()
 
     t0 = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(streams)))
+    await asyncio.gather(*(worker() for _i in range(streams)))
     return counts[0] / (time.monotonic() - t0)
 
 
@@ -92,7 +91,7 @@ async def closed_loop(port, concurrency, prompt_tokens, output_tokens, seconds):
                                   "ignore_eos": True, "stream": True}, lambda chunk: None)
         writer.close()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _i in range(concurrency)))
 
 
 def truth_window(path, concurrency, warmup_rounds=2):

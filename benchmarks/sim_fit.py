@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fit the simulator's field profiles to the field data (docs/architecture.md, 'The simulator'). Standard library.
 
     python3 benchmarks/sim_fit.py [--margin 0.03] [--moe-token-share 0.2]
@@ -52,7 +51,7 @@ def nelder_mead(fun, x0, steps, iterations):
     pts = [list(x0)] + [[x0[j] + (steps[j] if j == i else 0.0) for j in range(n)]
                         for i in range(n)]
     vals = [fun(p) for p in pts]
-    for _ in range(iterations):
+    for _i in range(iterations):
         order = sorted(range(n + 1), key=vals.__getitem__)
         pts, vals = [pts[i] for i in order], [vals[i] for i in order]
         c = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]

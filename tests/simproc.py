@@ -111,7 +111,7 @@ class ServerProcess:
                 return records
             time.sleep(0.1)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Make this checkout resolvable as the collection servelab.serving.
 
 The repository root is the collection root (galaxy.yml). Ansible finds collections under
@@ -7,7 +6,7 @@ The repository root is the collection root (galaxy.yml). Ansible finds collectio
 pytest then import `ansible_collections.servelab.serving.plugins...` from the working tree itself,
 never from a stale copy.
 
-Usage: tools/collection_link.py [COLLECTIONS_DIR]   (default: collections/ beside this checkout)
+Usage: python tools/collection_link.py [COLLECTIONS_DIR]   (default: collections/ beside this checkout)
 """
 from __future__ import annotations
 

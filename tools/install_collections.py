@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Install the collections named in requirements.yml without Galaxy.
 
 Galaxy is not reachable from every machine (CI here reaches PyPI only), but the `ansible`
@@ -7,7 +6,7 @@ one wheel (cached under .cache/) and extract only the collections requirements.y
 check that each extracted collection has the pinned version: a silent version drift would make
 the lab and the field disagree.
 
-Usage: tools/install_collections.py requirements.yml DEST
+Usage: python tools/install_collections.py requirements.yml DEST
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 """bench_manifest: deep-merge a dict into results/<run_id>/manifest.json, on the controller.
 
-Thin wrapper: the logic is plugins/plugin_utils/manifest.py. The documentation is
-plugins/modules/bench_manifest.py, as ansible-core does for action-only plugins.
+Thin wrapper: the logic is plugins/plugin_utils/manifest.py. The documentation and the argument
+spec are plugins/modules/bench_manifest.py, as ansible-core does for action-only plugins.
 """
 
 from __future__ import annotations
@@ -13,17 +13,11 @@ import os
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-
-
-from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, merge_into_manifest
-
-ARGUMENT_SPEC = {
-    "results_dir": {"type": "path", "required": True},
-    "merge": {"type": "dict", "default": {}},
-    "create_latest_link": {"type": "bool", "default": False},
-    "record_git_commit": {"type": "bool", "default": True},
-    "lock_timeout": {"type": "float", "default": 120.0},
-}
+from ansible_collections.servelab.serving.plugins.modules.bench_manifest import ARGUMENT_SPEC
+from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import (
+    ManifestError,
+    merge_into_manifest,
+)
 
 
 class ActionModule(ActionBase):
@@ -34,7 +28,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         playbook_dir = task_vars.get("playbook_dir") or self._loader.get_basedir()
         results_dir = args["results_dir"]
         if not os.path.isabs(results_dir):

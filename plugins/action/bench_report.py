@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 """bench_report: tables, plots, crossover and recommendation for one run, on the controller.
 
-Thin wrapper: the logic is plugins/module_utils/servelab/report*.py (see report.py). The
-documentation is plugins/modules/bench_report.py, as ansible-core does for action-only plugins.
+Thin wrapper: the logic is plugins/plugin_utils/report/ (build.py). The documentation
+and the argument spec are plugins/modules/bench_report.py, as ansible-core does for action-only
+plugins.
 """
 
 from __future__ import annotations
@@ -12,17 +13,25 @@ import os
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.servelab.serving.plugins.modules.bench_report import ARGUMENT_SPEC
 
+# The report needs pandas and matplotlib on the controller (requirements.txt). Without them the
+# plugin still loads (ansible-doc, --syntax-check, the sanity import test) and the task fails
+# saying what is missing.
+try:
+    from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import (
+        ReportError,
+        build_report,
+        write_report,
+    )
+except ImportError as exc:
+    REPORT_IMPORT_ERROR = exc
+    build_report = write_report = None
 
-from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import ReportError, build_report, write_report
-
-ARGUMENT_SPEC = {
-    "results_dir": {"type": "path", "required": True},
-    "baseline": {"type": "str", "default": "baseline"},
-    "compare_to": {"type": "path"},
-    "plots": {"type": "bool", "default": True},
-    "max_error_rate": {"type": "float", "default": 0.1},
-}
+    class ReportError(Exception):
+        """Stands in for report.build.ReportError when the report cannot be imported."""
+else:
+    REPORT_IMPORT_ERROR = None
 
 
 class ActionModule(ActionBase):
@@ -40,7 +49,12 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        if REPORT_IMPORT_ERROR is not None:
+            raise AnsibleActionFail(
+                "bench_report needs pandas and matplotlib on the controller (requirements.txt): %s"
+                % REPORT_IMPORT_ERROR
+            )
         results_dir = self._absolute(args["results_dir"], task_vars)
         compare_to = self._absolute(args["compare_to"], task_vars)
         try:

@@ -36,7 +36,7 @@ def target(version, revision="1", root="/usr/local") -> dict:
         raise AnsibleFilterError(
             "cuda_toolkit_package_revision: %r is not a Debian revision (NVIDIA's packages use 1, "
             "as in cuda-toolkit-13-0=13.0.1-1)" % revision)
-    major, minor, _ = match.groups()
+    major, minor, _patch = match.groups()
     release = "%s.%s" % (major, minor)
     package = "cuda-toolkit-%s-%s" % (major, minor)
     package_version = "%s-%s" % (version, revision)
@@ -56,16 +56,16 @@ def driver_problem(facts, toolkit, floors, host="the container") -> str:
     floors = {str(k): str(v) for k, v in (floors or {}).items()}
     major = str(toolkit["major"])
     if major not in floors:
+        known = ", ".join(sorted(floors)) or "none"
         return ("cuda_toolkit_driver_floor has no entry for CUDA %s (it has %s): add the lowest driver "
-                "branch CUDA %s supports, e.g. {'%s': '580'}" % (major, ", ".join(sorted(floors)) or "none",
-                                                                 major, major))
+                "branch CUDA %s supports, e.g. {'%s': '580'}" % (major, known, major, major))
     floor = floors[major]
     driver = (facts or {}).get("driver_version")
     if not driver:
+        reason = (facts or {}).get("reason") or "no driver version found"
         return ("CUDA %s needs an NVIDIA driver >= %s, but %s sees no driver (%s). Pass the GPUs through "
                 "first (playbooks/proxmox.yml), or set cuda_toolkit_check_driver: false to install the "
-                "toolkit without a GPU." % (toolkit["version"], floor, host,
-                                             (facts or {}).get("reason") or "no driver version found"))
+                "toolkit without a GPU." % (toolkit["version"], floor, host, reason))
     if _version_tuple(driver) < _version_tuple(floor):
         return ("NVIDIA driver %s on %s is too old for CUDA %s: CUDA %s.x needs driver >= %s "
                 "(cuda_toolkit_driver_floor['%s']). Upgrade the Proxmox host's driver to the %s branch or "
@@ -90,7 +90,7 @@ def forbidden(names, patterns) -> list:
         compiled = [re.compile(p) for p in patterns or []]
     except re.error as err:
         raise AnsibleFilterError("cuda_toolkit_forbidden_packages: %r is not a regular expression: %s"
-                                 % (getattr(err, "pattern", "?"), err))
+                                 % (getattr(err, "pattern", "?"), err)) from err
     return [name for name in names or [] if any(p.search(name) for p in compiled)]
 
 
@@ -99,7 +99,7 @@ def alternative(query_stdout) -> dict:
     info = {"status": None, "value": None, "paths": {}}
     current = None
     for line in str(query_stdout or "").splitlines():
-        key, _, value = line.partition(":")
+        key, _colon, value = line.partition(":")
         value = value.strip()
         if key == "Status":
             info["status"] = value
@@ -144,7 +144,7 @@ def verify_problems(toolkit, nvcc, link_target, package_version, torch=None) -> 
             problems.append("torch does not import in the venv (rc %s): %s" % (torch.get("rc"), _output(torch)))
         else:
             torch_cuda = str(torch.get("stdout") or "").strip()
-            if torch_cuda.split(".")[0] != str(toolkit["major"]):
+            if torch_cuda.split(".", 1)[0] != str(toolkit["major"]):
                 problems.append("torch in the venv is built for CUDA %s, the toolkit is CUDA %s: rebuild the venv "
                                 "for cu%s (role sglang)" % (torch_cuda or "none", toolkit["release"],
                                                             toolkit["release"].replace(".", "")))

@@ -78,7 +78,7 @@ def verify_problems(pins, facts, torch_probe, sglang_probe, flashinfer_probe, cu
     """
     problems = []
     facts = facts or {}
-    major = str(cuda_version).split(".")[0]
+    major = str(cuda_version).split(".", 1)[0]
     if torch_probe.get("rc") != 0:
         problems.append("import torch failed (rc %s): %s" % (torch_probe.get("rc"), _tail(torch_probe)))
     else:
@@ -91,10 +91,11 @@ def verify_problems(pins, facts, torch_probe, sglang_probe, flashinfer_probe, cu
     if sglang_probe.get("rc") != 0:
         problems.append("import sglang failed (rc %s): %s" % (sglang_probe.get("rc"), _tail(sglang_probe)))
     elif str(sglang_probe.get("stdout") or "").strip() != pins["sglang"]:
-        problems.append("sglang is %s, expected %s" % (str(sglang_probe.get("stdout") or "").strip() or "unknown",
-                                                      pins["sglang"]))
+        found = str(sglang_probe.get("stdout") or "").strip() or "unknown"
+        problems.append("sglang is %s, expected %s" % (found, pins["sglang"]))
     if flashinfer_probe.get("rc") != 0:
-        problems.append("flashinfer show-config failed (rc %s): %s" % (flashinfer_probe.get("rc"), _tail(flashinfer_probe)))
+        problems.append("flashinfer show-config failed (rc %s): %s"
+                        % (flashinfer_probe.get("rc"), _tail(flashinfer_probe)))
     flashinfer = facts.get("flashinfer") or {}
     expected = {"flashinfer-python": pins["flashinfer"], "flashinfer-cubin": pins["flashinfer"],
                 "flashinfer-jit-cache": pins["flashinfer_jit_cache"]}

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """servelab simulator engine: an OpenAI/SGLang-compatible streaming LLM server on a timing model.
 
 One self-contained file, Python standard library only. llm_server writes it onto the target as
@@ -338,7 +337,7 @@ def _positive_float(name: str, value: Any) -> float:
         out = float(value)
     except (TypeError, ValueError):
         out = float("nan")
-    if not out > 0 or math.isinf(out):
+    if not math.isfinite(out) or out <= 0:  # NaN too
         raise SimError(f"{name} must be a number > 0 (got {value!r}); e.g. {name} 10")
     return out
 
@@ -361,7 +360,7 @@ def step_ms(p: SimProfile, decoding: int, new_prompt_tokens: int = 0) -> float:
 
 def single_stream_tok_s(profile_or_params) -> float:
     """Pure decode rate of one running request (no prefill, no overhead), model time."""
-    p, _ = resolve_profile(profile_or_params)
+    p, _params = resolve_profile(profile_or_params)
     if p.mode == "fixed":
         return (p.tokens_per_chunk or 1) * 1000.0 / p.step_ms
     if p.mode == "firehose":
@@ -479,7 +478,7 @@ def overhead_factor(p: SimProfile, seed: int, index: Any) -> float:
     return 1.0 + p.request_overhead_jitter * (2.0 * _hash_unit("overhead", seed, index) - 1.0)
 
 
-def _simulate_closed_loop(p: SimProfile, C: int, P: int, O: int, ts: float,
+def _simulate_closed_loop(p: SimProfile, C: int, P: int, O: int, ts: float,  # noqa: E741 (the model's C, P, O)
                           seed: int) -> LevelPrediction:
     """Per-request discrete-event run in model milliseconds. A request is a list
     [remaining tokens, t_send, t_first, draws or None]."""
@@ -499,7 +498,7 @@ def _simulate_closed_loop(p: SimProfile, C: int, P: int, O: int, ts: float,
         eligible = now + p.request_overhead_ms * overhead_factor(p, seed, arrivals)
         heapq.heappush(pending, (eligible, arrivals, [0, now, 0.0, draws]))
 
-    for _ in range(C):
+    for _i in range(C):
         send(0.0)
     queue: deque = deque()
     running: List[list] = []
@@ -511,7 +510,7 @@ def _simulate_closed_loop(p: SimProfile, C: int, P: int, O: int, ts: float,
     sum_ttft = sum_tpot = sum_e2e = 0.0
     measured = 0
     area_running = area_queued = 0.0
-    for _ in range(50_000_000):
+    for _step in range(50_000_000):
         if not running and not queue:
             t = max(t, pending[0][0])          # idle: the next eligible request starts a step
             while pending and pending[0][0] <= t:
@@ -814,7 +813,7 @@ class HttpProtocol(asyncio.Protocol):
     MAX_HEAD = 64 * 1024
     MAX_BODY = 64 * 1024 * 1024
 
-    def __init__(self, server: "SimServer"):
+    def __init__(self, server: SimServer):
         self.server = server
         self.transport = None
         self.buf = bytearray()
@@ -871,7 +870,7 @@ class HttpProtocol(asyncio.Protocol):
                 method, target, version = lines[0].split(" ", 2)
                 headers = {}
                 for line in lines[1:]:
-                    name, _, value = line.partition(":")
+                    name, _colon, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
                 length = int(headers.get("content-length", "0") or 0)
             except ValueError:
@@ -1006,12 +1005,16 @@ class SimServer:
             self._tasks.append(self.loop.create_task(self._scheduler()))
         self._tasks.append(self.loop.create_task(self._flusher()))
 
-    async def serve_until_stopped(self) -> None:
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the server cleanly (idempotent)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 self.loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread
                 pass
+
+    async def serve_until_stopped(self) -> None:
+        self.install_signal_handlers()
         await self._stop.wait()
         await self.shutdown()
 
@@ -1090,7 +1093,7 @@ class SimServer:
         self._start(req)
         try:
             await asyncio.wait_for(asyncio.shield(req.future), self.cfg.health_timeout)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:  # noqa: UP041 (TimeoutError itself only from Python 3.11 on)
             if not proto.closed:
                 proto.respond_json(503, _error_obj(503, "health generation timed out"))
             return
@@ -1191,7 +1194,7 @@ class SimServer:
         try:
             data = json.loads(body or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
-            raise _Fail(400, f"request body is not valid JSON: {exc}")
+            raise _Fail(400, f"request body is not valid JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise _Fail(400, "request body must be a JSON object")
         if path == "/generate":
@@ -1777,7 +1780,7 @@ def config_from_args(argv: Optional[Sequence[str]] = None
         if needs and mode != needs:
             raise SimError(f"--{name.replace('_', '-')} applies to --profile {needs} only "
                            f"(profile {args.profile!r} is {mode})")
-    profile, _ = resolve_profile(dict(overrides, profile=args.profile))
+    profile, _params = resolve_profile(dict(overrides, profile=args.profile))
     checks = ((args.die_after, "--die-after", 0), (args.stall_every, "--stall-every", 0),
               (args.malformed_every, "--malformed-every", 0), (args.stall_ms, "--stall-ms", 0),
               (args.startup_delay, "--startup-delay", 0), (args.port, "--port", 0))
@@ -1803,6 +1806,8 @@ def config_from_args(argv: Optional[Sequence[str]] = None
 async def serve(cfg: ServerConfig, on_listening=None) -> None:
     server = SimServer(cfg)
     await server.start()
+    # Before the listening line: whoever reads it may send SIGTERM at once.
+    server.install_signal_handlers()
     if on_listening is not None:
         on_listening(server)
     await server.serve_until_stopped()
@@ -1814,12 +1819,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SimError as exc:
         sys.stderr.write(f"servelab-simulator: error: {exc}\n")
         return 2
+    # A script, not an Ansible module: it writes to its own stdout (stdout.write rather than
+    # print, which module_utils may not use) and ends by SystemExit.
     if args.fit_report:
-        print(format_fit_report())
+        sys.stdout.write(format_fit_report() + "\n")
         return 0
 
     def announce(server: SimServer) -> None:
-        print(LISTEN_LINE.format(host=server.host, port=server.port), flush=True)
+        sys.stdout.write(LISTEN_LINE.format(host=server.host, port=server.port) + "\n")
+        sys.stdout.flush()
 
     try:
         asyncio.run(serve(cfg, announce))
@@ -1832,4 +1840,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,7 +1,9 @@
+#!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Documentation only: bench_manifest is an action plugin (plugins/action/bench_manifest.py) that
-# runs on the controller; this file lets `ansible-doc` and ansible-lint find its documentation, as
-# ansible-core does for its own action-only plugins.
+# bench_manifest runs on the controller, as the action plugin plugins/action/bench_manifest.py. This file holds
+# its documentation and its argument spec, which the action validates the task's arguments with
+# (so ansible-doc, ansible-test's validate-modules and the action agree); main() only answers
+# that the module is not meant to run on a host.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -22,7 +24,7 @@ description:
     C(profiles.<profile>.<host>) with C(engine), C(cmdline), C(env), C(features_skipped),
     C(time_scale), C(status) (started, finished, failed), C(error), C(failed_task), C(log_tail)."
 version_added: "0.1.0"
-author: servelab
+author: servelab (!UNKNOWN)
 options:
   results_dir:
     description:
@@ -57,11 +59,12 @@ attributes:
     description: Returns the manifest as it would be and whether it would change; writes nothing.
   action:
     support: full
+    description: Runs on the controller only; the task's host is never contacted.
 """
 
 EXAMPLES = r"""
 - name: Open the run and point results/latest at it
-  bench_manifest:
+  servelab.serving.bench_manifest:
     results_dir: "{{ playbook_dir }}/results/{{ bench_run_id }}"
     create_latest_link: true
     merge:
@@ -71,7 +74,7 @@ EXAMPLES = r"""
         concurrency: "{{ bench_concurrency }}"
 
 - name: Record this host's GPU facts (every host of the play at once)
-  bench_manifest:
+  servelab.serving.bench_manifest:
     results_dir: "{{ bench_results_root }}/{{ bench_run_id }}"
     merge:
       hosts: "{{ {inventory_hostname: {'gpu_facts': gpu.gpu_facts}} }}"
@@ -104,3 +107,23 @@ recorded:
   type: list
   elements: str
 """
+
+from ansible.module_utils.basic import AnsibleModule
+
+ARGUMENT_SPEC = dict(
+    results_dir=dict(type="path", required=True),
+    merge=dict(type="dict", default={}),
+    create_latest_link=dict(type="bool", default=False),
+    record_git_commit=dict(type="bool", default=True),
+    lock_timeout=dict(type="float", default=120.0),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.fail_json(msg="bench_manifest is an action plugin: it runs on the controller, never as a module "
+                         "on a host (is servelab.serving's plugins/action/bench_manifest.py missing?)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,9 @@
+#!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Documentation only: bench_report is an action plugin (plugins/action/bench_report.py) that runs
-# on the controller; this file lets `ansible-doc` and ansible-lint find its documentation, as
-# ansible-core does for its own action-only plugins.
+# bench_report runs on the controller, as the action plugin plugins/action/bench_report.py. This file holds
+# its documentation and its argument spec, which the action validates the task's arguments with
+# (so ansible-doc, ansible-test's validate-modules and the action agree); main() only answers
+# that the module is not meant to run on a host.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -26,7 +28,7 @@ description:
   - Files are written atomically and only when their bytes change, so C(changed) means the report
     changed.
 version_added: "0.1.0"
-author: servelab
+author: servelab (!UNKNOWN)
 options:
   results_dir:
     description:
@@ -60,19 +62,20 @@ attributes:
     description: Computes everything and reports which files would change; writes nothing.
   action:
     support: full
+    description: Runs on the controller only; the task's host is never contacted.
 notes:
   - Needs pandas and matplotlib on the controller (requirements.txt).
 """
 
 EXAMPLES = r"""
 - name: "servelab: report"
-  bench_report:
+  servelab.serving.bench_report:
     results_dir: "{{ playbook_dir }}/results/{{ bench_run_id }}"
     baseline: baseline
   register: report
 
 - name: Compare with an earlier run
-  bench_report:
+  servelab.serving.bench_report:
     results_dir: results/latest
     compare_to: results/20250101T000000Z-1234
 """
@@ -142,3 +145,23 @@ msg:
   returned: always
   type: str
 """
+
+from ansible.module_utils.basic import AnsibleModule
+
+ARGUMENT_SPEC = dict(
+    results_dir=dict(type="path", required=True),
+    baseline=dict(type="str", default="baseline"),
+    compare_to=dict(type="path"),
+    plots=dict(type="bool", default=True),
+    max_error_rate=dict(type="float", default=0.1),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.fail_json(msg="bench_report is an action plugin: it runs on the controller, never as a module "
+                         "on a host (is servelab.serving's plugins/action/bench_report.py missing?)")
+
+
+if __name__ == "__main__":
+    main()

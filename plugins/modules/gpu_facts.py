@@ -18,7 +18,7 @@ description:
     FlashInfer packages (flashinfer-python, flashinfer-cubin, flashinfer-jit-cache) in that venv,
     read by running the venv's python with a tiny script that imports none of them.
 version_added: "0.1.0"
-author: servelab
+author: servelab (!UNKNOWN)
 options:
   venv:
     description: A virtualenv directory (holding C(bin/python)) or a python executable.
@@ -32,7 +32,9 @@ options:
     type: path
     default: /usr/local
   driver_version_file:
-    description: The kernel module's version file, read for the driver version when neither NVML nor nvidia-smi answers.
+    description: >-
+      The kernel module's version file, read for the driver version when neither NVML nor
+      nvidia-smi answers.
     type: path
     default: /proc/driver/nvidia/version
   backend:
@@ -46,17 +48,20 @@ attributes:
     description: Reads only; runs the same in check mode.
   diff_mode:
     support: none
+    description: Reports facts; there is nothing to diff.
 """
 
 EXAMPLES = r"""
 - name: GPU and CUDA facts, with the SGLang venv's versions
-  gpu_facts:
+  servelab.serving.gpu_facts:
     venv: /opt/sglang/venv
   register: facts_before
 
 - name: Show the selected toolkit
   ansible.builtin.debug:
-    msg: "CUDA {{ facts_before.gpu_facts.cuda_selected }} (nvcc {{ facts_before.gpu_facts.nvcc_release }}), {{ facts_before.gpu_facts.gpus | length }} GPU(s)"
+    msg: >-
+      CUDA {{ facts_before.gpu_facts.cuda_selected }} (nvcc {{ facts_before.gpu_facts.nvcc_release }}),
+      {{ facts_before.gpu_facts.gpus | length }} GPU(s)
 """
 
 RETURN = r"""
@@ -69,31 +74,72 @@ gpu_facts:
       description: One entry per GPU; empty without a driver.
       type: list
       elements: dict
-      sample: [{index: 0, name: "NVIDIA H200", uuid: "GPU-...", compute_capability: "9.0", memory_total_mib: 143771, memory_used_mib: 0, processes: [{pid: 1234, used_mib: 20480}]}]
-    driver_version: {description: NVIDIA driver version, type: str, sample: "580.82.07"}
-    cuda_driver_version: {description: Highest CUDA version the driver supports, type: str, sample: "13.0"}
-    source: {description: "nvml, nvidia-smi or none", type: str}
-    reason: {description: Why gpus is empty, or why the fallback was used; null otherwise, type: str}
-    kernel_module_version: {description: From /proc/driver/nvidia/version, type: str}
+      sample:
+        - index: 0
+          name: NVIDIA H200
+          uuid: GPU-...
+          compute_capability: "9.0"
+          memory_total_mib: 143771
+          memory_used_mib: 0
+          processes: [{pid: 1234, used_mib: 20480}]
+    driver_version:
+      description: NVIDIA driver version.
+      type: str
+      sample: "580.82.07"
+    cuda_driver_version:
+      description: Highest CUDA version the driver supports.
+      type: str
+      sample: "13.0"
+    source:
+      description: Where the GPU list came from.
+      type: str
+      choices: [nvml, nvidia-smi, none]
+    reason:
+      description: Why RV(gpu_facts.gpus) is empty, or why the fallback was used; null otherwise.
+      type: str
+    kernel_module_version:
+      description: From C(/proc/driver/nvidia/version).
+      type: str
     toolkits:
       description: Installed toolkits, oldest first.
       type: list
       elements: dict
       sample: [{version: "12.8", path: /usr/local/cuda-12.8, full_version: "12.8.1", nvcc_release: "12.8"}]
-    cuda_selected: {description: Version the cuda link selects, type: str, sample: "13.0"}
-    cuda_selected_path: {description: Where the cuda link resolves, type: str}
-    nvcc_release: {description: Release reported by the selected toolkit's nvcc, type: str, sample: "13.0"}
-    nvcc_version: {description: Full nvcc build version, type: str, sample: "13.0.88"}
+    cuda_selected:
+      description: Version the C(cuda) link selects.
+      type: str
+      sample: "13.0"
+    cuda_selected_path:
+      description: Where the C(cuda) link resolves.
+      type: str
+    nvcc_release:
+      description: Release reported by the selected toolkit's C(nvcc).
+      type: str
+      sample: "13.0"
+    nvcc_version:
+      description: Full C(nvcc) build version.
+      type: str
+      sample: "13.0.88"
     venv:
       description: With O(venv); null otherwise.
       type: dict
-      sample: {path: /opt/sglang/venv, python: "3.12.3", torch: "2.11.0+cu130", torch_cuda: "13.0", sglang: "0.5.23", flashinfer: {flashinfer-python: "0.6.18", flashinfer-cubin: "0.6.18", flashinfer-jit-cache: "0.6.18+cu130"}, flashinfer_consistent: true}
+      sample:
+        path: /opt/sglang/venv
+        python: "3.12.3"
+        torch: "2.11.0+cu130"
+        torch_cuda: "13.0"
+        sglang: "0.5.23"
+        flashinfer: {flashinfer-python: "0.6.18", flashinfer-cubin: "0.6.18", flashinfer-jit-cache: "0.6.18+cu130"}
+        flashinfer_consistent: true
 """
 
 import dataclasses
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.servelab.serving.plugins.module_utils.gpu.facts import GpuFactsOptions, collect_gpu_facts
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.facts import (
+    GpuFactsOptions,
+    collect_gpu_facts,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.venv import VenvError
 
 

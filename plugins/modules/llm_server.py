@@ -23,10 +23,12 @@ description:
   - The simulator engine runs C(plugins/module_utils/simulator.py), shipped with this
     module and written to C(<state_dir>/<name>/servelab_simulator.py).
 version_added: "0.1.0"
-author: servelab
+author: servelab (!UNKNOWN)
 options:
   name:
-    description: Instance name; state, log and cgroup live under C(<state_dir>/<name>) and C(servelab/<name>).
+    description: >-
+      Instance name; state, log and cgroup live under C(<state_dir>/<name>) and
+      C(servelab/<name>).
     type: str
     required: true
   state:
@@ -64,7 +66,9 @@ options:
     description: Port; default 30000 for sglang and the simulator, 8000 for vllm; required for command.
     type: int
   advertise_host:
-    description: Host name put into C(base_url) for clients on other machines (default the bind address, or 127.0.0.1 for a wildcard bind).
+    description: >-
+      Host name put into C(base_url) for clients on other machines (default the bind address, or
+      127.0.0.1 for a wildcard bind).
     type: str
   state_dir:
     description: Directory for per-server state, logs and the simulator script.
@@ -76,7 +80,9 @@ options:
         directory). Default the interpreter running this module.
     type: path
   env:
-    description: Environment for the server on top of the inherited one (for example CUDA_HOME, PATH, LD_LIBRARY_PATH from cuda_toolkit). Recorded in the result.
+    description: >-
+      Environment for the server on top of the inherited one (for example CUDA_HOME, PATH,
+      LD_LIBRARY_PATH from cuda_toolkit). Recorded in the result.
     type: dict
     default: {}
   engine_version:
@@ -105,11 +111,15 @@ options:
     type: float
     default: 30
   cgroup:
-    description: C(auto) (cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified when writable), C(none), or a parent directory for C(<name>).
+    description: >-
+      C(auto) (cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified when writable), C(none), or a
+      parent directory for C(<name>).
     type: str
     default: auto
   verify_flags:
-    description: Check the rendered SGLang flags against the argument definitions of the installed SGLang before launching; unknown flags fail the task.
+    description: >-
+      Check the rendered SGLang flags against the argument definitions of the installed SGLang
+      before launching; unknown flags fail the task.
     type: bool
     default: true
   stop_on_failure:
@@ -119,13 +129,14 @@ options:
 notes:
   - Rendering warnings (engine version outside the checked range, deprecated flags) are reported
     as Ansible warnings.
-  - Supports check mode; it reports the action it would take (C(would_start), C(would_restart), C(would_stop)).
+  - Supports check mode; it reports the action it would take (C(would_start), C(would_restart),
+    C(would_stop)).
   - Linux only (uses /proc and cgroup v2).
 """
 
 EXAMPLES = r"""
 - name: SGLang EAGLE-3 on 8 GPUs
-  llm_server:
+  servelab.serving.llm_server:
     name: sglang
     engine: sglang
     python: /opt/sglang/venv/bin/python
@@ -143,14 +154,14 @@ EXAMPLES = r"""
   register: server
 
 - name: The simulator on a laptop
-  llm_server:
+  servelab.serving.llm_server:
     name: sim
     engine: simulator
     port: 30123
     profile: {name: baseline, simulator: {profile: baseline, time_scale: 20}}
 
 - name: Any OpenAI-compatible server
-  llm_server:
+  servelab.serving.llm_server:
     name: tfserve
     engine: command
     port: 8000
@@ -161,14 +172,40 @@ EXAMPLES = r"""
       ready: {path: /v1/chat/completions, body: {messages: [{role: user, content: hi}], max_tokens: 1}}
 
 - name: Stop it and everything it forked
-  llm_server:
+  servelab.serving.llm_server:
     name: sglang
     state: stopped
 """
 
 RETURN = r"""
+name:
+  description: The instance name, O(name).
+  type: str
+  returned: always
+state:
+  description: The requested state, O(state).
+  type: str
+  returned: always
+engine:
+  description: The engine, O(engine).
+  type: str
+  returned: when a profile was rendered or a state file exists
+profile:
+  description: The serving profile's name.
+  type: str
+  returned: when a profile was rendered or a state file exists
+host:
+  description: The address the server binds to.
+  type: str
+  returned: when a profile was rendered or a state file exists
+port:
+  description: The server's port.
+  type: int
+  returned: when a profile was rendered or a state file exists
 action:
-  description: started, restarted, unchanged, stopped, absent; in check mode would_start, would_restart, would_stop.
+  description: >-
+    started, restarted, unchanged, stopped, absent; in check mode would_start, would_restart,
+    would_stop.
   type: str
   returned: always
 reason:
@@ -189,7 +226,9 @@ cmdline:
   type: str
   returned: same as cmd
 env:
-  description: Environment servelab set for the server (module env, profile env, rendered switches such as SGLANG_ENABLE_SPEC_V2); the inherited environment is not listed.
+  description: >-
+    Environment servelab set for the server (module env, profile env, rendered switches such as
+    SGLANG_ENABLE_SPEC_V2); the inherited environment is not listed.
   type: dict
   returned: same as cmd
 config_hash:
@@ -218,7 +257,9 @@ features_skipped:
   elements: str
   returned: when started
 engine_adjustments:
-  description: Log lines saying the engine changed a setting (for example max_running_requests reset to 48 for speculative decoding).
+  description: >-
+    Log lines saying the engine changed a setting (for example max_running_requests reset to 48
+    for speculative decoding).
   type: list
   elements: str
   returned: when started
@@ -244,7 +285,9 @@ notes:
   elements: str
   returned: always
 ignored_keys:
-  description: Profile keys the engine does not use (the simulator models speculation through its own settings).
+  description: >-
+    Profile keys the engine does not use (the simulator models speculation through its own
+    settings).
   type: list
   elements: str
   returned: always
@@ -257,7 +300,11 @@ stopped:
 from ansible.module_utils.basic import AnsibleModule
 # server_manager imports server_simulator, which imports servelab/simulator.py: AnsiballZ follows
 # module_utils imports recursively, so the simulator ships with this module.
-from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerError, ServerRequest, run
+from ansible_collections.servelab.serving.plugins.module_utils.server.manager import (
+    ServerError,
+    ServerRequest,
+    run,
+)
 
 
 ARGUMENT_SPEC = dict(

@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 module: pve_lxc_gpu_passthrough
 short_description: Write the NVIDIA passthrough block into a Proxmox VE LXC config
 description:
-  - Reads the NVIDIA device majors from O(proc_devices) (never hard-coded: the C(nvidia-uvm) and
+  - Reads the NVIDIA device majors from O(proc_devices) (never hard-coded; the C(nvidia-uvm) and
     C(nvidia-caps) majors are dynamic) and writes one block of cgroup allow rules and mount
     entries, one per GPU and control node, into a Proxmox VE container config.
   - The block always goes into the main section, before any C([snapshot]) or C([pve:pending])
@@ -37,7 +37,9 @@ options:
     default: [nvidiactl, nvidia-uvm, nvidia-uvm-tools]
     choices: [nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps]
   cgroup_key:
-    description: C(lxc.cgroup2.devices.allow) for cgroup v2 hosts (PVE 7 and later), C(lxc.cgroup.devices.allow) for v1.
+    description: >-
+      C(lxc.cgroup2.devices.allow) for cgroup v2 hosts (PVE 7 and later),
+      C(lxc.cgroup.devices.allow) for v1.
     type: str
     default: lxc.cgroup2.devices.allow
     choices: [lxc.cgroup2.devices.allow, lxc.cgroup.devices.allow]
@@ -53,14 +55,16 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reports the change it would make, and the diff, without writing.
   diff_mode:
     support: full
-author: servelab
+    description: The container config before and after.
+author: servelab (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Pass GPUs 0-7 through to container 129
-  pve_lxc_gpu_passthrough:
+  servelab.serving.pve_lxc_gpu_passthrough:
     path: /etc/pve/lxc/129.conf
     gpu_indexes: [0, 1, 2, 3, 4, 5, 6, 7]
   register: passthrough
@@ -131,7 +135,8 @@ def replace_like_pve(path, text):
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        for call, args in ((os.chown, (tmp, info.st_uid, info.st_gid)), (os.chmod, (tmp, stat.S_IMODE(info.st_mode)))):
+        for call, args in ((os.chown, (tmp, info.st_uid, info.st_gid)),
+                           (os.chmod, (tmp, stat.S_IMODE(info.st_mode)))):
             try:
                 call(*args)
             except OSError as err:
@@ -152,7 +157,8 @@ def main():
             path=dict(type="path", required=True),
             proc_devices=dict(type="path", default="/proc/devices"),
             gpu_indexes=dict(type="list", elements="int", default=[]),
-            control_nodes=dict(type="list", elements="str", default=["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"],
+            control_nodes=dict(type="list", elements="str",
+                               default=["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"],
                                choices=sorted(CONTROL_NODES)),
             cgroup_key=dict(type="str", default=CGROUP_KEYS[0], choices=list(CGROUP_KEYS)),
             marker=dict(type="str", default=DEFAULT_MARKER),

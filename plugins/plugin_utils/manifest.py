@@ -1,4 +1,4 @@
-"""The run manifest (docs/architecture.md, results contract): results/<run_id>/manifest.json, merged by many writers.
+"""The run manifest (docs/architecture.md, results contract): results/<run_id>/manifest.json.
 
 Several hosts benchmark in parallel Ansible forks and each records its own part (GPU facts, the
 server command line of each profile, failures). Every writer takes an exclusive fcntl lock on
@@ -21,8 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from ansible_collections.servelab.serving.plugins.module_utils.mapping import deep_merge  # noqa: F401  (re-exported: the manifest merges with it)
-from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LATEST_LINK, MANIFEST, atomic_write_json
+# deep_merge is also re-exported from here: the manifest merges with it.
+from ansible_collections.servelab.serving.plugins.module_utils.mapping import deep_merge
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
+    LATEST_LINK,
+    MANIFEST,
+    atomic_write_json,
+)
 
 LOCK_FILE = ".lock"
 
@@ -185,7 +190,7 @@ def merge_into_manifest(
         after = deep_merge(before, merge)
         link = None
         if create_latest_link:
-            link, _ = update_latest_link(run_dir, check_mode=True)
+            link, _changed = update_latest_link(run_dir, check_mode=True)
         return ManifestUpdate(
             path=path,
             changed=True,

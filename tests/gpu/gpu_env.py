@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 from typing import List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,7 +51,7 @@ def gpu_present() -> Tuple[bool, str]:
         nvml_reason = "NVML: %s" % exc
     if smi:
         proc = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=60)
+                              text=True, timeout=60, check=False)
         if proc.returncode == 0 and "GPU " in proc.stdout:
             return True, "nvidia-smi -L: %s" % proc.stdout.strip().splitlines()[0]
         return False, "%s; nvidia-smi -L failed: %s" % (nvml_reason, proc.stdout.strip()[-200:])
@@ -64,7 +63,7 @@ def smi_query(fields: List[str], smi: Optional[str] = None) -> List[dict]:
     smi = smi or shutil.which("nvidia-smi") or "nvidia-smi"
     out = subprocess.run([smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True, timeout=60, check=True).stdout
+                         text=True, timeout=60, check=True).stdout
     rows = []
     for line in out.strip().splitlines():
         vals = [v.strip() for v in line.split(",")]
@@ -76,6 +75,6 @@ def smi_cuda_version(smi: Optional[str] = None) -> Optional[str]:
     import re
     smi = smi or shutil.which("nvidia-smi") or "nvidia-smi"
     out = subprocess.run([smi], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True, timeout=60).stdout
+                         text=True, timeout=60, check=False).stdout
     m = re.search(r"CUDA (?:Driver )?Version\s*:\s*([0-9]+\.[0-9]+)", out)
     return m.group(1) if m else None

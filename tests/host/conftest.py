@@ -23,7 +23,7 @@ def _needs_remote_hosts(request):
 @pytest.fixture(scope="module")
 def in_group(_needs_remote_hosts, host, request):
     """Skip hosts outside the module's GROUP; return the host's inventory variables."""
-    group = getattr(request.module, "GROUP")
+    group = request.module.GROUP
     variables = host.ansible.get_variables()
     if group not in variables.get("group_names", []):
         pytest.skip("%s is not in group %s" % (variables.get("inventory_hostname"), group))

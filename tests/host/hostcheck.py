@@ -63,7 +63,6 @@ def proxmox_host_of(request, variables) -> testinfra.host.Host:
     return testinfra.get_host(spec)
 
 
-
 def driver_version(text: str) -> str:
     """Version from an NVIDIA driver version file ("NVRM version: ... 580.95.05 ...")."""
     match = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s", text + " ")

@@ -49,10 +49,10 @@ def passed_nodes(in_group, pve):
     """(path, major, minor) on the Proxmox host of every node file its config binds into this container."""
     pve_host, pve_vars = pve
     main = main_section(pve_container_config(pve_host, pve_vars, in_group["proxmox_vmid"]))
-    paths = [source for source, _, options in nvidia_mounts(main) if "create=file" in options]
+    paths = [source for source, _target, options in nvidia_mounts(main) if "create=file" in options]
     if not paths:
         pytest.fail("no /dev/nvidia* mount entries for container %s on its Proxmox host" % in_group["proxmox_vmid"])
-    return {path: info for path, info in stat_nodes(pve_host, paths).items()}, paths
+    return dict(stat_nodes(pve_host, paths)), paths
 
 
 def test_device_nodes_match_the_host(host, passed_nodes):

@@ -57,12 +57,12 @@ def cuda_state(host, cuda):
     """key -> value lines of CUDA_PROBE (dpkg lines keyed 'dpkg <pkg>', toolkits as a list)."""
     packages = sorted({cuda["package"]} | {"cuda-toolkit-" + v.replace(".", "-") for v in cuda.get("installed", [])})
     root = cuda["selected_path"].rsplit("/", 1)[0]
-    result = host.run("sh -c %s probe %s %s %s" % (shlex.quote(CUDA_PROBE), shlex.quote(cuda["home"]), shlex.quote(root),
-                                                    " ".join(shlex.quote(p) for p in packages)))
+    result = host.run("sh -c %s probe %s %s %s" % (shlex.quote(CUDA_PROBE), shlex.quote(cuda["home"]),
+                                                   shlex.quote(root), " ".join(shlex.quote(p) for p in packages)))
     assert result.rc == 0, result.stderr
     state = {"toolkits": []}
     for line in result.stdout.splitlines():
-        key, _, value = line.partition("=")
+        key, _sep, value = line.partition("=")
         if key == "toolkit":
             state["toolkits"].append(value)
         else:
@@ -106,7 +106,7 @@ def test_venv_matches_the_toolkit_and_its_pins(host, cuda, sglang):
     venv = json.loads(result.stdout.strip().splitlines()[-1])
     assert venv["sglang"] == sglang["sglang_version"]
     assert venv["torch"] == sglang["torch"]
-    assert str(venv["torch_cuda"]).split(".")[0] == str(cuda["selected"]).split(".")[0], \
+    assert str(venv["torch_cuda"]).split(".", 1)[0] == str(cuda["selected"]).split(".", 1)[0], \
         "torch is built for CUDA %s, the selected toolkit is %s" % (venv["torch_cuda"], cuda["selected"])
     assert venv["flashinfer"] == sglang["flashinfer"]
     assert len({v.split("+")[0] for v in venv["flashinfer"].values()}) == 1, venv["flashinfer"]

@@ -48,9 +48,9 @@ def test_block_present_once_before_snapshots(host, in_group, containers):
         block = main[begins[0] + 1:ends[0]]
         assert block, "container %s: empty passthrough block" % vmid
         outside = main[:begins[0]] + main[ends[0] + 1:]
-        mounts_outside = [target for _, target, _ in nvidia_mounts(outside)]
+        mounts_outside = [target for _source, target, _options in nvidia_mounts(outside)]
         assert not mounts_outside, "container %s: NVIDIA mounts outside the block: %s" % (vmid, mounts_outside)
-        targets = [target for _, target, _ in nvidia_mounts(block)]
+        targets = [target for _source, target, _options in nvidia_mounts(block)]
         assert len(targets) == len(set(targets)), "container %s: a node is mounted twice: %s" % (vmid, targets)
 
 
@@ -62,7 +62,7 @@ def test_block_majors_come_from_proc_devices(host, in_group, containers, majors)
         rules = set()
         for key in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow"):
             rules |= {rule.split()[1] for rule in lxc_values(main, key) if rule.startswith("c ")}
-        on_host = stat_nodes(host, [source for source, _, options in mounts if "create=file" in options])
+        on_host = stat_nodes(host, [source for source, _target, options in mounts if "create=file" in options])
         for source, target, options in mounts:
             assert target == source.lstrip("/"), "mount %s lands on %s" % (source, target)
             owners = [majors[name] for name in driver_of(source) if name in majors]

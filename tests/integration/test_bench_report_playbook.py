@@ -152,6 +152,7 @@ def play(tmp_path_factory):
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     returned = json.loads((work / "out.json").read_text())

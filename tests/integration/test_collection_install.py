@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import textwrap
 import time
 
 import pytest
@@ -172,8 +171,7 @@ def run(cmd, cwd, env, timeout):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate(10)
-        pytest.fail("%s timed out after %ss:\n%s\n%s" % (cmd[0], timeout, out[-4000:],
-                                                        err[-2000:]))
+        pytest.fail("%s timed out after %ss:\n%s\n%s" % (cmd[0], timeout, out[-4000:], err[-2000:]))
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

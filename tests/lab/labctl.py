@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """servelab's test lab: a disposable "Proxmox host" holding LXC container 129, on this machine.
 
 Topology (see tests/lab/README.md)::
@@ -115,7 +114,8 @@ class LabConfig:
         try:
             net = ipaddress.ip_network(self.network)
         except ValueError as err:
-            raise LabError("SERVELAB_LAB_NET=%r is not a network (e.g. 10.77.129.0/24): %s" % (self.network, err))
+            raise LabError("SERVELAB_LAB_NET=%r is not a network (e.g. 10.77.129.0/24): %s"
+                           % (self.network, err)) from err
         if net.version != 4 or net.num_addresses < 4:
             raise LabError("SERVELAB_LAB_NET=%r: need an IPv4 network of at least /30" % self.network)
 
@@ -155,12 +155,12 @@ def _run(argv, *, timeout=120, check=True, input=None, env=None, capture=True, c
     """subprocess.run with the lab's defaults: bounded, text, a clear error on failure."""
     try:
         result = subprocess.run(argv, input=input, capture_output=capture, text=True, timeout=timeout,
-                                env=env, cwd=cwd)
+                                env=env, cwd=cwd, check=False)
     except subprocess.TimeoutExpired as err:
         raise LabError("timed out after %ss: %s" % (timeout, " ".join(map(str, argv)))) from err
     if check and result.returncode != 0:
         raise LabError("command failed (rc %s): %s\n%s%s" % (result.returncode, " ".join(map(str, argv)),
-                                                            result.stdout or "", result.stderr or ""))
+                                                             result.stdout or "", result.stderr or ""))
     return result
 
 
@@ -241,7 +241,7 @@ class Lab:
     # ----- lifecycle -------------------------------------------------------------------------
     @classmethod
     def up(cls, config: LabConfig | None = None, *, lock_timeout: float = 900.0, log=None,
-           install_packages: bool = True) -> "Lab":
+           install_packages: bool = True) -> Lab:
         """Bring the lab up (cleaning stale leftovers first). Any failure tears down what was built."""
         lab = cls(config, log=log)
         check_prerequisites(install=install_packages, log=lab._say)
@@ -429,7 +429,7 @@ class Lab:
         proc = self._spawn(name, [sys.executable, "-c", code, self.controller_address, str(directory)],
                            stdout=subprocess.PIPE)
         self._servers[name] = proc
-        ready, _, _ = select.select([proc.stdout], [], [], 15)
+        ready, _writable, _errored = select.select([proc.stdout], [], [], 15)
         line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
         if not line.isdigit():
             raise LabError("HTTP server for %s did not start (see %s)" % (directory, self.logs / ("%s.log" % name)))
@@ -454,7 +454,7 @@ class Lab:
         if uvm_loaded:
             extra[majors["nvidia-uvm"]] = "nvidia-uvm"
         char_end = devices.index("") if "" in devices else len(devices)
-        char = [line for line in devices[1:char_end]]
+        char = list(devices[1:char_end])
         char += ["%3d %s" % (major, name) for major, name in extra.items()]
         char.sort(key=lambda line: int(line.split()[0]))
         proc_devices = "\n".join([devices[0]] + char + devices[char_end:]) + "\n"
@@ -515,7 +515,7 @@ class Lab:
                     holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
                     os.close(fd)
                     raise LabError("another servelab lab is running (pid %s holds %s); wait for it or end it"
-                                   % (holder or "?", LOCK_PATH))
+                                   % (holder or "?", LOCK_PATH)) from None
                 time.sleep(2)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -557,7 +557,7 @@ class Lab:
         with open(self.logs / ("%s.log" % name), "ab") as log:
             try:
                 result = subprocess.run(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, timeout=timeout,
-                                        env=env, preexec_fn=join_cgroup)
+                                        env=env, preexec_fn=join_cgroup, check=False)
             except subprocess.TimeoutExpired as err:
                 raise LabError("%s timed out after %ss (log: %s)" % (name, timeout, self.logs / (name + ".log"))) from err
         if result.returncode != 0:
@@ -916,7 +916,7 @@ def signals_as_interrupt():
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="bring the lab up and leave it running (a later up/down replaces it)")
     sub.add_parser("down", help="tear down a lab left running, or the leftovers of an interrupted run")
@@ -960,7 +960,7 @@ def main(argv=None) -> int:
         try:
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             env = dict(lab.ansible_env(), LAB_INVENTORY=str(lab.inventory_path))
-            return subprocess.run(cmd, env=env).returncode if cmd else 0
+            return subprocess.run(cmd, env=env, check=False).returncode if cmd else 0
         finally:
             lab.down()
 

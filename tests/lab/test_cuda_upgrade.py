@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shlex
-from pathlib import Path
 
 import pytest
 

@@ -237,7 +237,7 @@ def test_server_state_check_follows_the_recorded_process(lab):
                      model=None, log_path="/dev/null", marker="probe", pid=pid,
                      start_time=int(stat.rsplit(")", 1)[1].split()[19]))
         lab.ct_path("/root/.servelab/servers/probe/state.json").write_text(json.dumps(state))
-        for _ in range(50):  # the server binds a moment after the fork
+        for _i in range(50):  # the server binds a moment after the fork
             if lab.pct_exec(vmid, "python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 30123), 1)",
                             check=False).returncode == 0:
                 break

@@ -40,7 +40,7 @@ class FakeServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 t_recv = time.monotonic_ns()
                 lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
+                method, path, _version = lines[0].split(" ", 2)
                 length = 0
                 for line in lines[1:]:
                     if line.lower().startswith("content-length:"):

@@ -60,7 +60,7 @@ def chat_events(pieces, usage=True, continuous=False, spaced=False):
     out.append(dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
     if usage:
         out.append(dumps({"choices": [], "usage": {"prompt_tokens": 5,
-                                                    "completion_tokens": total}}))
+                                                   "completion_tokens": total}}))
     out.append(b"[DONE]")
     return out
 
@@ -81,7 +81,7 @@ def splits(data: bytes, rng: random.Random, n: int = 30):
     """Every 2-piece split, plus `n` random many-piece splits."""
     for i in range(1, len(data)):
         yield [data[:i], data[i:]]
-    for _ in range(n):
+    for _i in range(n):
         cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(2, 40))))
         yield [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
 
@@ -96,7 +96,7 @@ def summary(r):
 def test_chat_stream_parsed_identically_however_it_is_split(sep, continuous):
     pieces = [("Hello", 1), (" wor", 1), ("ld, \\\"quoted\\\"", 2), ("!", 1)]
     data = HEAD_CHUNKED + chunked(chat_events(pieces, continuous=continuous), sep)
-    done, _ = run_stream("openai_chat", [data])
+    done, _conn = run_stream("openai_chat", [data])
     assert len(done) == 1
     expected = summary(done[0])
     assert expected[0] is None
@@ -105,7 +105,7 @@ def test_chat_stream_parsed_identically_however_it_is_split(sep, continuous):
     assert expected[5] == ([1, 1, 2, 1] if continuous else None)
     rng = random.Random(1)
     for parts in splits(data, rng):
-        done, _ = run_stream("openai_chat", parts)
+        done, _conn = run_stream("openai_chat", parts)
         assert len(done) == 1, parts
         assert summary(done[0]) == expected, parts
 
@@ -117,16 +117,16 @@ def test_spaced_json_and_reasoning_first_are_still_token_chunks():
               json.dumps({"choices": [{"delta": {"tool_calls": [{"function": {
                   "arguments": "{}"}}]}}]}).encode(),
               json.dumps({"choices": [], "usage": {"prompt_tokens": 3,
-                                                    "completion_tokens": 3}}).encode(),
+                                                   "completion_tokens": 3}}).encode(),
               b"[DONE]"]
-    done, _ = run_stream("openai_chat", [HEAD_CHUNKED + chunked(events)])
+    done, _conn = run_stream("openai_chat", [HEAD_CHUNKED + chunked(events)])
     assert done[0].error is None
     assert done[0].chunks == 3 and done[0].completion_tokens == 3
 
 
 def test_without_usage_the_chunk_count_is_the_labelled_fallback():
     data = HEAD_CHUNKED + chunked(chat_events([("a", 1), ("b", 1), ("c", 1)], usage=False))
-    done, _ = run_stream("openai_chat", [data])
+    done, _conn = run_stream("openai_chat", [data])
     r = done[0]
     assert r.error is None
     assert r.completion_tokens == 3 and r.tokens_source == TOKENS_CHUNKS
@@ -143,7 +143,7 @@ def test_sglang_generate_takes_per_chunk_counts_from_meta_info():
     data = HEAD_CHUNKED + chunked(events)
     rng = random.Random(2)
     for parts in [[data]] + list(splits(data, rng, 10)):
-        done, _ = run_stream("sglang_generate", parts)
+        done, _conn = run_stream("sglang_generate", parts)
         r = done[0]
         assert (r.error, r.completion_tokens, r.prompt_tokens, list(r.chunk_tokens)) == (
             None, 6, 9, [2, 3, 1])
@@ -163,14 +163,14 @@ def test_http_error_status_is_recorded_with_the_body():
     msg = b'{"error":{"message":"model not found"}}'
     data = (b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n%s" % (len(msg), msg))
     for parts in ([data], [data[:20], data[20:]]):
-        done, _ = run_stream("openai_chat", parts)
+        done, _conn = run_stream("openai_chat", parts)
         assert done[0].error.startswith("HTTP 404")
         assert "model not found" in done[0].error
 
 
 def test_error_event_inside_the_stream_fails_the_request():
     events = [b'{"error":{"message":"out of memory"}}', b"[DONE]"]
-    done, _ = run_stream("openai_chat", [HEAD_CHUNKED + chunked(events)])
+    done, _conn = run_stream("openai_chat", [HEAD_CHUNKED + chunked(events)])
     assert "out of memory" in done[0].error
 
 
@@ -198,7 +198,7 @@ def test_keep_alive_serves_the_next_request_on_the_same_connection():
 
 def test_timestamps_one_clock_read_per_socket_read():
     data = HEAD_CHUNKED + chunked(chat_events([("a", 1), ("b", 1), ("c", 1)]))
-    done, _ = run_stream("openai_chat", [data])
+    done, _conn = run_stream("openai_chat", [data])
     r = done[0]
     assert r.t_send <= r.t_first == r.t_last        # all chunks came in one read
     assert len(set(r.chunk_times)) == 1
@@ -227,10 +227,10 @@ def test_a_truncated_event_is_malformed_not_a_token():
     broken = b'{"id":"x","object":"broken","choices":[{"index":0,"delta":{"content":"'
     events = chat_events([("a", 1)])
     events.insert(2, broken)
-    done, _ = run_stream("openai_chat", [HEAD_CHUNKED + chunked(events)])
+    done, _conn = run_stream("openai_chat", [HEAD_CHUNKED + chunked(events)])
     assert done[0].error.startswith("malformed chunk")
     assert done[0].chunks == 1
     gen = [b'{"text":"ab","meta_info":{"completion_tokens":1}}',
            b'{"text":"abcd","meta_info":{"com', b"[DONE]"]
-    done, _ = run_stream("sglang_generate", [HEAD_CHUNKED + chunked(gen)])
+    done, _conn = run_stream("sglang_generate", [HEAD_CHUNKED + chunked(gen)])
     assert done[0].error.startswith("malformed chunk")

@@ -120,7 +120,7 @@ def test_multi_token_chunks_give_per_token_itl(tmp_path):
     ("--framing", "close", "--split"),
 ])
 def test_server_variants_parse_the_same(tmp_path, server_args):
-    with fake_server(tmp_path, "--ttft-ms", "10", "--step-ms", "3", *server_args) as (url, _):
+    with fake_server(tmp_path, "--ttft-ms", "10", "--step-ms", "3", *server_args) as (url, _truth):
         res = run_level(cfg(url, concurrency=3, level_seconds=0.6), WORKLOAD)
     row = res.row
     assert row.errors == 0 and row.requests > 0
@@ -130,7 +130,7 @@ def test_server_variants_parse_the_same(tmp_path, server_args):
 
 def test_errors_are_counted_and_the_level_goes_on(tmp_path):
     with fake_server(tmp_path, "--ttft-ms", "5", "--step-ms", "2", "--fail-every", "4") as (
-            url, _):
+            url, _truth):
         res = run_level(cfg(url, concurrency=2, level_seconds=0.8), WORKLOAD)
     row = res.row
     assert row.run_errors > 0 and row.first_error.startswith("HTTP 500")
@@ -163,7 +163,7 @@ def test_two_client_processes_share_the_workers(tmp_path):
 
 
 def test_open_loop_constant_rate(tmp_path):
-    with fake_server(tmp_path, "--ttft-ms", "10", "--step-ms", "2") as (url, _):
+    with fake_server(tmp_path, "--ttft-ms", "10", "--step-ms", "2") as (url, _truth):
         res = run_level(cfg(url, concurrency=16, load_mode="rate", request_rate=25.0,
                             arrival="constant", level_seconds=1.2, warmup_requests=3),
                         WORKLOAD)
@@ -178,7 +178,7 @@ def test_open_loop_constant_rate(tmp_path):
 
 
 def test_adaptive_precision_runs_until_the_interval_is_narrow(tmp_path):
-    with fake_server(tmp_path, "--ttft-ms", "10", "--step-ms", "3") as (url, _):
+    with fake_server(tmp_path, "--ttft-ms", "10", "--step-ms", "3") as (url, _truth):
         row = run_level(cfg(url, concurrency=4, level_seconds=0.5, target_ci_pct=3.0,
                             level_timeout=30), WORKLOAD).row
     assert row.window_complete

@@ -20,9 +20,9 @@ from ansible_collections.servelab.serving.plugins.modules import llm_bench as mo
 BASE = {"base_url": "http://127.0.0.1:1", "model": "m", "concurrency": [1, 4]}
 
 
-def validated(params: dict, spec=ARGUMENT_SPEC) -> dict:
+def validated(params: dict, spec=None) -> dict:
     """What Ansible hands the module (or the action, through validate_argument_spec)."""
-    result = ArgumentSpecValidator(spec).validate(params)
+    result = ArgumentSpecValidator(ARGUMENT_SPEC if spec is None else spec).validate(params)
     if result.error_messages:
         raise ValueError("; ".join(result.error_messages))
     return result.validated_parameters
@@ -51,14 +51,14 @@ def test_a_given_value_is_never_replaced_by_a_default(option, value):
 
 
 def test_unset_and_null_options_take_the_spec_default():
-    configs, _ = level_configs(dict(BASE, level_seconds=None))
+    configs, _workload = level_configs(dict(BASE, level_seconds=None))
     assert configs[0].level_seconds == ARGUMENT_SPEC["level_seconds"]["default"]
     assert with_defaults({})["workload"] == {"kind": "builtin"}
 
 
 def test_templated_strings_convert_as_ansible_converts_them():
     params = validated(dict(BASE, concurrency="1,2,5", level_seconds="2.5", ignore_eos="yes"))
-    configs, _ = level_configs(params)
+    configs, _workload = level_configs(params)
     assert [c.concurrency for c in configs] == [1, 2, 5]
     assert configs[0].level_seconds == 2.5 and configs[0].ignore_eos is True
 
@@ -81,5 +81,5 @@ def test_the_controller_checks_a_workload_file_option_without_reading_the_file(t
         level_configs(dict(BASE, workload={"kind": "builtin", "prompts": 3}), read_workload=False)
     good = tmp_path / "p.jsonl"
     good.write_text(json.dumps({"prompt": "a"}) + "\n")
-    _, workload = level_configs(dict(BASE, workload={"kind": "jsonl", "path": str(good)}))
+    _configs, workload = level_configs(dict(BASE, workload={"kind": "jsonl", "path": str(good)}))
     assert [p.text for p in workload.prompts] == ["a"]

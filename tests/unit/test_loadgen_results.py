@@ -74,7 +74,7 @@ def test_a_part_without_its_json_is_not_a_level(tmp_path):
     parts = tmp_path / PARTS_DIR
     write_level_files(str(parts), row("h", "p", 1), [])
     (parts / "h__p__c2.jsonl").write_text('{"x": 1}\n')   # a level cut before its .json
-    assert [r["concurrency"] for r, _ in read_parts(str(parts))] == [1]
+    assert [r["concurrency"] for r, _path in read_parts(str(parts))] == [1]
 
 
 def _writer(run_dir, c):

@@ -44,8 +44,8 @@ def test_percentile_is_linear_interpolation_between_ranks():
 
 def test_weighted_percentile_equals_percentile_of_the_expanded_samples():
     rng = random.Random(3)
-    pairs = [(rng.random(), rng.randint(1, 5)) for _ in range(300)]
-    expanded = sorted(v for v, w in pairs for _ in range(w))
+    pairs = [(rng.random(), rng.randint(1, 5)) for _i in range(300)]
+    expanded = sorted(v for v, w in pairs for _i in range(w))
     for q in (0, 1, 10, 50, 90, 99, 100):
         assert weighted_percentile(pairs, q) == pytest.approx(percentile(expanded, q))
 
@@ -156,8 +156,8 @@ def test_parts_merge_to_the_same_row_as_one_reduction():
     reqs = []
     for i in range(40):
         start = rng.uniform(0, 900)
-        chunks = sorted(start + rng.uniform(5, 400) for _ in range(rng.randint(2, 9)))
-        reqs.append(req(start, chunks, tokens=[rng.randint(1, 4) for _ in chunks], rid=i,
+        chunks = sorted(start + rng.uniform(5, 400) for _i in range(rng.randint(2, 9)))
+        reqs.append(req(start, chunks, tokens=[rng.randint(1, 4) for _item in chunks], rid=i,
                         worker=i % 4, in_window=300 <= start < 700))
     ws, we = 300 * MS, 700 * MS
     whole = level_row("h", "p", 4, reduce_requests(reqs, ws, we, 5, {"ttft_ms": 100}),

@@ -66,7 +66,7 @@ def imports(source: str):
 
 
 def heavy_imports(source: str):
-    return [(name, line) for name, line, _ in imports(source) if name.split(".")[0] in HEAVY]
+    return [(name, line) for name, line, _guarded in imports(source) if name.split(".")[0] in HEAVY]
 
 
 def test_the_scan_sees_hidden_and_dynamic_imports():

@@ -30,7 +30,7 @@ def test_parse_status_reads_uid_nspid_and_ignored_signals():
 def test_a_full_read_of_this_process_matches_what_the_os_says():
     me = read_process(os.getpid())
     assert (me.ppid, me.pgid, me.sid) == (os.getppid(), os.getpgid(0), os.getsid(0))
-    assert me.uid == os.getuid() and sys.executable.split("/")[-1][:6] in me.cmdline
+    assert me.uid == os.getuid() and os.path.basename(sys.executable)[:6] in me.cmdline
     assert not me.kernel_thread and not me.gone
     stat_only = read_process(os.getpid(), stat_only=True)
     assert stat_only.start_time == me.start_time and stat_only.cmdline == ""

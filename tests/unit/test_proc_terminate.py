@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -65,7 +64,7 @@ class Kids:
         self.popens = []
         self.extra_pids = []
 
-    def start(self, mode: str, *extra: str) -> "Kid":
+    def start(self, mode: str, *extra: str) -> Kid:
         log = str(self.dir / ("%s-%s.log" % (mode, uuid.uuid4().hex[:6])))
         popen = subprocess.Popen([sys.executable, "-c", CHILD, mode, log, *extra],
                                  stdout=subprocess.PIPE, text=True)

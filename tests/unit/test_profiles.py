@@ -1,8 +1,11 @@
 """Profiles: built-in bases, merging, and validation that names the key and the fix."""
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import (BUILTIN_PROFILES, ProfileError,
-                                                    resolve_profile)
+from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import (
+    BUILTIN_PROFILES,
+    ProfileError,
+    resolve_profile,
+)
 
 
 def test_base_eagle3_merges_user_keys_over_builtin():

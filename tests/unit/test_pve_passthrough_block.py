@@ -14,8 +14,6 @@ from ansible_collections.servelab.serving.plugins.module_utils.pve.passthrough i
     PassthroughError, apply_block, parse_proc_devices, render_block, resolve_nodes, split_sections)
 
 
-
-
 PROC_DEVICES = """Character devices:
   1 mem
   4 /dev/vc/0
@@ -185,6 +183,7 @@ class ModuleExit(Exception):
 @pytest.fixture
 def run_module(monkeypatch):
     from ansible_collections.servelab.serving.plugins.modules import pve_lxc_gpu_passthrough as module
+
     def stop_with(kind):
         def handler(self, **result):
             raise ModuleExit(kind, result)

@@ -75,8 +75,9 @@ def write_run(directory, rows, manifest=None):
     return str(directory)
 
 
-def two_profiles(host="h1", levels=LEVELS_SWEEP, overrides=None):
+def two_profiles(host="h1", levels=None, overrides=None):
     """baseline and eagle3 rows from the formulas; overrides: {(profile, C): {column: value}}."""
+    levels = LEVELS_SWEEP if levels is None else levels
     overrides = overrides or {}
     rows = []
     for c in levels:

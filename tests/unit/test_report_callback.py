@@ -131,7 +131,7 @@ def test_summary_prints_report_table_and_failures(callback):
     ],
 )
 def test_never_raises(callback, bad):
-    cb, _ = callback
+    cb, _display = callback
     cb.v2_runner_on_start(getattr(bad, "host", None), getattr(bad, "task", None))
     cb.v2_runner_on_ok(bad)
     cb.v2_runner_on_failed(bad)

@@ -84,7 +84,7 @@ def test_writes_summary_html_and_plots(run_dir):
         os.path.join(report.results_dir, r) for r in expected
     )
     # Atomic writes leave no temporary file behind.
-    leftovers = [f for _, _, files in os.walk(run_dir) for f in files if f.startswith(".tmp-")]
+    leftovers = [f for _root, _dirs, files in os.walk(run_dir) for f in files if f.startswith(".tmp-")]
     assert leftovers == []
 
 

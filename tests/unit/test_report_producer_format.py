@@ -164,7 +164,7 @@ def test_the_parts_are_read_before_a_stale_levels_csv(tmp_path):
     """levels.csv is rebuilt after each part; a rebuild that did not happen (lock timeout, a
     crash between the two writes) must not hide a finished level from the report."""
     rows = sweep_rows()
-    run = parts_run(tmp_path, rows[:-3], [[] for _ in rows[:-3]])
+    run = parts_run(tmp_path, rows[:-3], [[] for _row in rows[:-3]])
     for r in rows[-3:]:
         write_level_files(os.path.join(run, PARTS_DIR), r, [])
     exported = {(r["profile"], r["concurrency"]) for r in read_levels_csv(
@@ -179,8 +179,8 @@ def test_the_parts_are_read_before_a_stale_levels_csv(tmp_path):
 
 def test_typed_values_survive_the_parts_path(tmp_path):
     rows = sweep_rows()
-    run = parts_run(tmp_path, rows, [[] for _ in rows])
-    frame, _ = load_levels(run)
+    run = parts_run(tmp_path, rows, [[] for _row in rows])
+    frame, _notes = load_levels(run)
     failed = frame[(frame["profile"] == "eagle3") & (frame["concurrency"] == 5)].iloc[0]
     usable = frame[(frame["profile"] == "baseline") & (frame["concurrency"] == 1)].iloc[0]
     # Flags stay bools, text left unset stays None (not NaN, not ""), counts stay counts.

@@ -65,7 +65,7 @@ def test_the_rules(extra, status, reason):
 def test_a_frame_row_gets_the_verdict_of_its_typed_row():
     rows = [level(), level(**ALL_FAILED), level(client_limited=True), level(errors=5)]
     frame = pd.DataFrame.from_records(rows)            # None -> NaN, ints -> floats
-    for typed, (_, framed) in zip(rows, frame.iterrows()):
+    for typed, (_index, framed) in zip(rows, frame.iterrows()):
         assert level_verdict(framed) == level_verdict(typed)
 
 

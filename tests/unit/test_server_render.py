@@ -222,3 +222,26 @@ def test_rendered_simulator_flags_are_the_simulators_own():
     rendered = flags_in(render("simulator", raw).cmd)
     assert set(rendered) == {"--host", "--port", "--model-name"} | set(SIMULATOR_FLAGS.values())
     assert [flag for flag in rendered if flag not in defined] == []
+
+
+# llm_server hands its parameters to ServerRequest(**params) and returns ServerResult.as_dict()
+# (less `changed` and `warnings`, which go through Ansible's own keys). ansible-test's
+# validate-modules checks its documentation against its argument spec; these check the code.
+def test_llm_server_options_are_request_fields_and_its_engines_render():
+    from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerRequest
+    from ansible_collections.servelab.serving.plugins.module_utils.server.render import ENGINES
+    from ansible_collections.servelab.serving.plugins.modules import llm_server
+    assert set(llm_server.ARGUMENT_SPEC) <= set(ServerRequest.__dataclass_fields__)
+    assert llm_server.ARGUMENT_SPEC["engine"]["choices"] == list(ENGINES)
+
+
+def test_every_result_field_of_llm_server_is_documented():
+    import dataclasses
+
+    import yaml
+
+    from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerResult
+    from ansible_collections.servelab.serving.plugins.modules import llm_server
+    returned = set(yaml.safe_load(llm_server.RETURN))
+    fields = {f.name for f in dataclasses.fields(ServerResult)} - {"changed", "warnings"}
+    assert fields <= returned, "undocumented in RETURN: %s" % sorted(fields - returned)

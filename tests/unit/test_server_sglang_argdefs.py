@@ -17,9 +17,12 @@ import zipfile
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import resolve_profile
-from ansible_collections.servelab.serving.plugins.module_utils.server.argdefs import (argdefs_from_sources, check_against,
-                                                          env_names_from_source,
-                                                          sglang_defs_from_wheel)
+from ansible_collections.servelab.serving.plugins.module_utils.server.argdefs import (
+    argdefs_from_sources,
+    check_against,
+    env_names_from_source,
+    sglang_defs_from_wheel,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.server.logscan import LOG_PATTERNS
 from ansible_collections.servelab.serving.plugins.module_utils.server.render import render_server
 from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import SGLANG_PINNED_VERSIONS
@@ -40,7 +43,7 @@ def sglang_wheel(version: str) -> str:
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
            "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
            "--platform", "manylinux_2_34_x86_64", "-d", WHEELS, f"sglang=={version}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     found = glob.glob(os.path.join(WHEELS, f"sglang-{version}-*.whl"))
     if done.returncode != 0 or not found:
         pytest.fail(f"could not download sglang=={version} from PyPI (needed to check the "
@@ -48,12 +51,12 @@ def sglang_wheel(version: str) -> str:
     return found[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def defs(version):
     return sglang_defs_from_wheel(sglang_wheel(version))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def log_strings(version):
     """Every string constant in the files that log the features servelab reports on."""
     wanted = ("sglang/srt/server_args.py", "sglang/srt/layers/flashinfer_comm_fusion.py",

@@ -45,4 +45,3 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path):
     srv = ServerProcess(script=str(stubborn), stop_timeout=1)
     assert srv.port == 9
     assert srv.stop() == -signal.SIGKILL
-

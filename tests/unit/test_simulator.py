@@ -79,16 +79,16 @@ def chat(content="Write a function that parses a config file.", **kw):
 
 
 def payloads(events):
-    return [json.loads(e) for _, e in events if e != "[DONE]"]
+    return [json.loads(e) for _t, e in events if e != "[DONE]"]
 
 
 # ---- endpoints ---------------------------------------------------------------------------------
 def test_info_endpoints(start_sim):
     srv = start_sim("--profile", "eagle3", "--time-scale", "50", "--model-name", "sim-model")
-    status, _, models = call(srv.port, "GET", "/v1/models")
+    status, _headers, models = call(srv.port, "GET", "/v1/models")
     assert status == 200 and models["data"][0]["id"] == "sim-model"
     assert call(srv.port, "GET", "/health")[0] == 200
-    status, _, info = call(srv.port, "GET", "/server_info")
+    status, _headers, info = call(srv.port, "GET", "/server_info")
     assert info["profile"] == "eagle3" and info["time_scale"] == 50.0
     assert info["version"] == sim.VERSION and info["speculative_algorithm"] == "EAGLE3"
     assert info["profile_params"]["step_per_req_ms"] == sim.PROFILES["eagle3"].step_per_req_ms
@@ -135,7 +135,7 @@ def test_chat_stream_with_usage_and_done(start_sim):
     assert record["id"] == chunks[0]["id"] and record["completion_tokens"] == 7
     assert sum(record["chunk_tokens"]) == 7 and record["error"] is None
     # without include_usage: no usage chunk, still [DONE]
-    _, events = stream(srv.port, "/v1/chat/completions", chat(max_tokens=3, ignore_eos=True))
+    _status, events = stream(srv.port, "/v1/chat/completions", chat(max_tokens=3, ignore_eos=True))
     assert events[-1][1] == "[DONE]" and all("usage" not in c for c in payloads(events))
 
 
@@ -146,8 +146,8 @@ def test_non_stream_responses_carry_usage(start_sim):
     assert status == 200 and body["object"] == "text_completion"
     assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 11, "total_tokens": 21}
     assert len(body["choices"][0]["text"]) == 44 and headers["x-request-id"] == body["id"]
-    status, _, body = call(srv.port, "POST", "/v1/chat/completions",
-                           chat(max_tokens=5, ignore_eos=True))
+    status, _headers, body = call(srv.port, "POST", "/v1/chat/completions",
+                                  chat(max_tokens=5, ignore_eos=True))
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["usage"]["completion_tokens"] == 5
@@ -172,9 +172,9 @@ def test_generate_native_stream_meta_info(start_sim):
     assert steps[0] == 1 and max(steps) > 1 and len(chunks) < 40
     (record,) = srv.truth_records(1)
     assert record["chunk_tokens"] == steps and record["id"] == chunks[0]["meta_info"]["id"]
-    status, _, body = call(srv.port, "POST", "/generate",
-                           {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {
-                               "max_new_tokens": 6, "ignore_eos": True}})
+    status, _headers, body = call(srv.port, "POST", "/generate",
+                                  {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {
+                                      "max_new_tokens": 6, "ignore_eos": True}})
     assert body["meta_info"]["prompt_tokens"] == 5 and body["meta_info"]["completion_tokens"] == 6
 
 
@@ -183,12 +183,12 @@ def test_output_length_rules(start_sim):
                     "--natural-len-sigma", "0.8")
 
     def tokens(prompt, **kw):
-        _, _, body = call(srv.port, "POST", "/v1/completions", dict(prompt=prompt, **kw))
+        _status, _headers, body = call(srv.port, "POST", "/v1/completions", dict(prompt=prompt, **kw))
         return body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"]
 
     natural = [tokens(f"prompt number {i}", max_tokens=1000) for i in range(12)]
-    assert len({n for n, _ in natural}) > 3                       # drawn per prompt
-    assert all(reason == "stop" for _, reason in natural)
+    assert len({n for n, _reason in natural}) > 3                       # drawn per prompt
+    assert all(reason == "stop" for _n, reason in natural)
     assert tokens("prompt number 3", max_tokens=1000) == natural[3]  # same prompt, same length
     capped = tokens("prompt number 3", max_tokens=2)
     assert capped == (2, "length")
@@ -198,13 +198,13 @@ def test_output_length_rules(start_sim):
 
 def test_bad_requests_get_clear_errors(start_sim):
     srv = start_sim("--profile", "fixed", "--time-scale", "10")
-    status, _, body = call(srv.port, "POST", "/v1/completions", b"{not json")
+    status, _headers, body = call(srv.port, "POST", "/v1/completions", b"{not json")
     assert status == 400 and "not valid JSON" in body["error"]["message"]
-    status, _, body = call(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 0})
+    status, _headers, body = call(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 0})
     assert status == 400 and "max_tokens" in body["error"]["message"]
-    status, _, body = call(srv.port, "POST", "/v1/chat/completions", {"messages": []})
+    status, _headers, body = call(srv.port, "POST", "/v1/chat/completions", {"messages": []})
     assert status == 400 and "messages" in body["error"]["message"]
-    status, _, body = call(srv.port, "POST", "/generate", {"sampling_params": {}})
+    status, _headers, body = call(srv.port, "POST", "/generate", {"sampling_params": {}})
     assert status == 400 and "input_ids" in body["error"]["message"]
     assert call(srv.port, "GET", "/v1/completions")[0] == 405
     assert call(srv.port, "GET", "/nope")[0] == 404
@@ -214,13 +214,13 @@ def test_keep_alive_serves_several_requests_on_one_connection(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1")
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
     try:
-        for i in range(3):
-            _, events = stream(srv.port, "/v1/completions",
-                               {"prompt": "x", "max_tokens": 4, "ignore_eos": True}, conn=conn)
+        for _i in range(3):
+            _status, events = stream(srv.port, "/v1/completions",
+                                     {"prompt": "x", "max_tokens": 4, "ignore_eos": True}, conn=conn)
             assert events[-1][1] == "[DONE]"
-            status, _, body = call(srv.port, "POST", "/v1/completions",
-                                   {"prompt": "x", "max_tokens": 2, "ignore_eos": True},
-                                   conn=conn)
+            status, _headers, body = call(srv.port, "POST", "/v1/completions",
+                                          {"prompt": "x", "max_tokens": 2, "ignore_eos": True},
+                                          conn=conn)
             assert status == 200 and body["usage"]["completion_tokens"] == 2
         sock = conn.sock
         assert sock is not None            # still the same open connection
@@ -231,8 +231,8 @@ def test_keep_alive_serves_several_requests_on_one_connection(start_sim):
 # ---- the step model ------------------------------------------------------------------------------
 def test_fixed_profile_truth_gaps_equal_the_step(start_sim):
     srv = start_sim("--profile", "fixed")              # defaults: step 12 ms, TTFT 50 ms
-    _, events = stream(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 25,
-                                                     "ignore_eos": True})
+    _status, events = stream(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 25,
+                                                           "ignore_eos": True})
     assert events[-1][1] == "[DONE]"
     (r,) = srv.truth_records(1)
     assert r["chunk_tokens"] == [1] * 25
@@ -247,7 +247,7 @@ def test_fixed_profile_truth_gaps_equal_the_step(start_sim):
 def test_tokens_per_chunk_forces_multi_token_chunks(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "2", "--ttft-ms", "2",
                     "--tokens-per-chunk", "3")
-    _, events = stream(srv.port, "/v1/completions", {
+    _status, events = stream(srv.port, "/v1/completions", {
         "prompt": "x", "max_tokens": 10, "ignore_eos": True,
         "stream_options": {"include_usage": True}})
     texts = [c["choices"][0]["text"] for c in payloads(events) if c["choices"]]
@@ -266,28 +266,28 @@ def test_queueing_beyond_max_running(start_sim):
         results.append(stream(srv.port, "/v1/completions",
                               {"prompt": "x", "max_tokens": 40, "ignore_eos": True}))
 
-    threads = [threading.Thread(target=one) for _ in range(4)]
+    threads = [threading.Thread(target=one) for _i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert all(events[-1][1] == "[DONE]" for _, events in results)
+    assert all(events[-1][1] == "[DONE]" for _status, events in results)
     records = srv.truth_records(4)
     assert len(records) == 4
     spans = [(r["t_admit_ns"], r["t_last_ns"]) for r in records]
     # at any admission, at most 2 requests are in the batch
-    for admit, _ in spans:
+    for admit, _last in spans:
         assert sum(1 for a, last in spans if a <= admit <= last) <= 2
     # the last two admitted waited until an earlier one had finished
     late = sorted(spans)[2:]
-    first_end = min(last for _, last in sorted(spans)[:2])
-    assert all(admit >= first_end for admit, _ in late)
+    first_end = min(last for _admit, last in sorted(spans)[:2])
+    assert all(admit >= first_end for admit, _last in late)
 
 
 def test_speculative_profile_emits_multi_token_chunks(start_sim):
     srv = start_sim("--profile", "eagle3", "--time-scale", "50")
-    _, events = stream(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 60,
-                                                     "ignore_eos": True})
+    _status, events = stream(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 60,
+                                                           "ignore_eos": True})
     (r,) = srv.truth_records(1)
     assert sum(r["chunk_tokens"]) == 60 and r["chunk_tokens"][0] == 1
     p = sim.PROFILES["eagle3"]
@@ -304,7 +304,7 @@ def test_continuous_usage_stats_give_each_chunk_its_cumulative_tokens(start_sim)
     srv = start_sim("--profile", "eagle3", "--time-scale", "50")
     body = chat(max_tokens=40, ignore_eos=True,
                 stream_options={"include_usage": True, "continuous_usage_stats": True})
-    _, events = stream(srv.port, "/v1/chat/completions", body)
+    _status, events = stream(srv.port, "/v1/chat/completions", body)
     (r,) = srv.truth_records(1)
     content = [c for c in payloads(events)
                if c["choices"] and c["choices"][0]["delta"].get("content")]
@@ -316,14 +316,14 @@ def test_continuous_usage_stats_give_each_chunk_its_cumulative_tokens(start_sim)
     assert payloads(events)[-1]["usage"]["completion_tokens"] == 40   # the final usage chunk
     # continuous usage alone: per-chunk usage, no separate final usage chunk
     body = chat(max_tokens=5, ignore_eos=True, stream_options={"continuous_usage_stats": True})
-    _, events = stream(srv.port, "/v1/chat/completions", body)
+    _status, events = stream(srv.port, "/v1/chat/completions", body)
     assert [c for c in payloads(events) if not c["choices"]] == []
 
 
 def test_firehose_writes_several_events_at_once(start_sim):
     srv = start_sim("--profile", "firehose", "--firehose-events-per-write", "8",
                     "--tokens-per-chunk", "2")
-    _, events = stream(srv.port, "/v1/chat/completions", chat(
+    _status, events = stream(srv.port, "/v1/chat/completions", chat(
         max_tokens=200, ignore_eos=True, stream_options={"include_usage": True}))
     chunks = payloads(events)
     assert chunks[-1]["usage"]["completion_tokens"] == 200
@@ -407,9 +407,9 @@ def test_client_disconnect_is_recorded_and_server_keeps_serving(start_sim):
 def test_die_after_exits_the_process(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "2", "--ttft-ms", "2", "--die-after", "3")
     body = {"prompt": "x", "max_tokens": 20, "ignore_eos": True}
-    for _ in range(2):
+    for _i in range(2):
         assert stream(srv.port, "/v1/completions", body)[1][-1][1] == "[DONE]"
-    _, events = stream(srv.port, "/v1/completions", body)
+    _status, events = stream(srv.port, "/v1/completions", body)
     assert events[-1][1] != "[DONE]"                     # cut after the first chunk
     assert srv.proc.wait(10) == sim.EXIT_DIE_AFTER
     records = srv.truth_records(3, timeout=1)
@@ -420,7 +420,7 @@ def test_error_rate_gives_http_500_or_a_broken_stream(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1",
                     "--error-rate", "1.0")
     kinds = set()
-    for _ in range(12):
+    for _i in range(12):
         status, events = stream(srv.port, "/v1/completions",
                                 {"prompt": "x", "max_tokens": 10, "ignore_eos": True})
         if status == 500:
@@ -435,17 +435,20 @@ def test_error_rate_gives_http_500_or_a_broken_stream(start_sim):
     clean = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1",
                       "--error-rate", "0")
     assert all(stream(clean.port, "/v1/completions", {"prompt": "x", "max_tokens": 3})[0] == 200
-               for _ in range(5))
+               for _i in range(5))
 
 
 def test_stall_every_delays_the_chosen_requests(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "5", "--ttft-ms", "5",
                     "--stall-every", "2", "--stall-ms", "400")
     body = {"prompt": "x", "max_tokens": 10, "ignore_eos": True}
-    for _ in range(2):
+    for _i in range(2):
         stream(srv.port, "/v1/completions", body)
     first, second = srv.truth_records(2)
-    gaps = lambda r: [(b - a) / 1e6 for a, b in zip(r["chunk_ns"], r["chunk_ns"][1:])]
+
+    def gaps(r):
+        return [(b - a) / 1e6 for a, b in zip(r["chunk_ns"], r["chunk_ns"][1:])]
+
     assert max(gaps(first)) < 200 and first["stalled_ms"] == 0
     assert max(gaps(second)) >= 400 and second["stalled_ms"] == 400
 
@@ -453,11 +456,11 @@ def test_stall_every_delays_the_chosen_requests(start_sim):
 def test_malformed_every_sends_one_broken_event(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1",
                     "--malformed-every", "1")
-    _, events = stream(srv.port, "/v1/completions", {
+    _status, events = stream(srv.port, "/v1/completions", {
         "prompt": "x", "max_tokens": 5, "ignore_eos": True,
         "stream_options": {"include_usage": True}})
     broken = []
-    for _, data in events[:-1]:
+    for _t, data in events[:-1]:
         try:
             json.loads(data)
         except ValueError:
@@ -479,8 +482,8 @@ def closed_loop(port, concurrency, prompt_tokens, output_tokens, requests_per_wo
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         ends, tokens = [], []
         try:
-            for _ in range(requests_per_worker):
-                _, events = stream(port, "/v1/completions", {
+            for _i in range(requests_per_worker):
+                _status, events = stream(port, "/v1/completions", {
                     "prompt": prompt, "max_tokens": output_tokens, "ignore_eos": True,
                     "stream_options": {"include_usage": True}}, conn=conn)
                 ends.append(time.monotonic())
@@ -491,7 +494,7 @@ def closed_loop(port, concurrency, prompt_tokens, output_tokens, requests_per_wo
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker) for _i in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:

@@ -203,12 +203,12 @@ def test_cli_rejects_bad_settings_before_listening(argv, word, capsys):
 
 
 def test_cli_overrides_reach_the_profile():
-    cfg, _ = sim.config_from_args(["--profile", "fixed", "--step-ms", "5", "--ttft-ms", "7",
-                                   "--tokens-per-chunk", "3", "--time-scale", "2.5",
-                                   "--port", "0", "--seed", "9"])
+    cfg, _args = sim.config_from_args(["--profile", "fixed", "--step-ms", "5", "--ttft-ms", "7",
+                                       "--tokens-per-chunk", "3", "--time-scale", "2.5",
+                                       "--port", "0", "--seed", "9"])
     assert (cfg.profile.step_ms, cfg.profile.ttft_ms, cfg.profile.tokens_per_chunk) == (5, 7, 3)
     assert (cfg.time_scale, cfg.port, cfg.seed) == (2.5, 0, 9)
-    cfg, _ = sim.config_from_args(["--profile", "eagle3", "--speculative", "false"])
+    cfg, _args = sim.config_from_args(["--profile", "eagle3", "--speculative", "false"])
     assert cfg.profile.speculative is False
 
 

@@ -51,8 +51,8 @@ def nvcc_version(nvcc: str) -> Tuple[Optional[str], Optional[str]]:
         return None, None
     try:
         out = subprocess.run([nvcc, "--version"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, universal_newlines=True,
-                             timeout=NVCC_TIMEOUT).stdout
+                             stderr=subprocess.STDOUT, text=True,
+                             timeout=NVCC_TIMEOUT, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None, None
     m = NVCC_RELEASE.search(out)

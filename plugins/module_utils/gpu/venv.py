@@ -81,17 +81,17 @@ def probe_venv(venv: str) -> VenvFacts:
     try:
         proc = subprocess.run([python, "-I", "-c", PROBE] + list(FLASHINFER_PACKAGES)
                               + list(OTHER_PACKAGES),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True, timeout=PROBE_TIMEOUT)
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise VenvError("venv: could not run %s: %s" % (python, exc))
+        raise VenvError("venv: could not run %s: %s" % (python, exc)) from exc
     if proc.returncode != 0:
         raise VenvError("venv: %s failed (exit %d): %s"
                         % (python, proc.returncode, proc.stderr.strip()[-500:]))
     try:
         data = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise VenvError("venv: %s printed no JSON: %r" % (python, proc.stdout[-500:]))
+        raise VenvError("venv: %s printed no JSON: %r" % (python, proc.stdout[-500:])) from None
     pkgs = data.get("packages", {})
     fi = {name: pkgs.get(name) for name in FLASHINFER_PACKAGES}
     installed = {v for v in fi.values() if v}

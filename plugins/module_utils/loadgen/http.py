@@ -5,9 +5,9 @@ streams, because the cost per streamed token is what limits a Python client: the
 are handled in one callback, with `bytes.find` and no coroutine switch per chunk. The clock is read
 once per socket read: every chunk in that read arrived at that moment.
 
-Timing rules (docs/architecture.md, 'Measurement'): t_send is taken immediately before `transport.write` (which, on an idle
-connection, hands the bytes to the kernel within the call); t_first/t_last are the arrival of the
-first/last chunk that carried generated tokens.
+Timing rules (docs/architecture.md, 'Measurement'): t_send is taken immediately before
+`transport.write` (which, on an idle connection, hands the bytes to the kernel within the call);
+t_first/t_last are the arrival of the first/last chunk that carried generated tokens.
 
 APIs:
 - openai_chat / openai_completions: `stream_options: {include_usage, continuous_usage_stats}`;
@@ -254,7 +254,7 @@ class StreamConnection(asyncio.BufferedProtocol):
         chunked = False
         length = None
         for line in lines[1:]:
-            name, _, value = line.partition(":")
+            name, _colon, value = line.partition(":")
             name = name.strip().lower()
             if name == "transfer-encoding" and "chunked" in value.lower():
                 chunked = True
@@ -652,7 +652,7 @@ async def open_connection(loop, endpoint: Endpoint, api: str, on_done, on_lost,
             return await loop.create_connection(lambda: conn, endpoint.host, endpoint.port,
                                                 ssl=ssl_ctx)
         infos = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
-        family, kind, proto, _, addr = infos[0]
+        family, kind, proto, _canonname, addr = infos[0]
         sock = socket.socket(family, kind, proto)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(rcvbuf))
@@ -669,10 +669,28 @@ async def open_connection(loop, endpoint: Endpoint, api: str, on_done, on_lost,
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:
-    """Small blocking GET (for /metrics scrapes from the controller process)."""
-    from urllib.request import urlopen
-    with urlopen(url, timeout=timeout) as resp:  # noqa: S310 (URL comes from the user's base_url)
-        return resp.read().decode("utf-8", "replace")
+    """Small blocking GET (for /metrics scrapes from the controller process).
+
+    Straight to the server, as the streaming connections go: no proxy from the environment, no
+    redirects (the scrape must reach the server being measured). HTTP errors raise OSError.
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL: %r" % url)
+    factory = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = factory(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("GET", (parts.path or "/") + ("?" + parts.query if parts.query else ""))
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    if resp.status >= 400:
+        raise OSError("GET %s: HTTP %d %s" % (url, resp.status, resp.reason))
+    return body.decode("utf-8", "replace")
 
 
 __all__: List[str] = [

@@ -109,7 +109,7 @@ class MetricsSampler:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
 
-    def start(self) -> "MetricsSampler":
+    def start(self) -> MetricsSampler:
         self._thread = threading.Thread(target=self._run, name="servelab-metrics", daemon=True)
         self._thread.start()
         return self

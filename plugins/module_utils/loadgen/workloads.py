@@ -212,7 +212,7 @@ def synthetic(input_tokens: int, output_tokens: int, count: int = 64, spread: fl
             n_in = max(1, int(round(input_tokens * rng.uniform(1 - spread, 1 + spread))))
             n_out = max(1, int(round(output_tokens * rng.uniform(1 - spread, 1 + spread))))
         words = [str(rng.randrange(10 ** 6))]
-        words.extend(rng.choice(_TOKEN_WORDS) for _ in range(max(0, n_in - 1)))
+        words.extend(rng.choice(_TOKEN_WORDS) for _word in range(max(0, n_in - 1)))
         prompts.append(Prompt(messages=[{"role": "user", "content": " ".join(words)}],
                               max_tokens=n_out, ignore_eos=True, label="synthetic-%d" % i))
     return Workload("synthetic", prompts, "%d synthetic prompts, ~%d in / %d out tokens%s" % (
@@ -232,7 +232,8 @@ def from_jsonl(path: str, limit: Optional[int] = None) -> Workload:
             try:
                 obj = json.loads(line)
             except ValueError as exc:
-                raise WorkloadError("workload.path %s line %d: not JSON (%s)" % (path, lineno, exc))
+                raise WorkloadError("workload.path %s line %d: not JSON (%s)"
+                                    % (path, lineno, exc)) from exc
             if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
                 messages = obj["messages"]
             elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
@@ -258,7 +259,7 @@ def _positive_int(spec: dict, key: str, default=None) -> int:
     try:
         value = int(value)
     except (TypeError, ValueError):
-        raise WorkloadError("workload.%s: expected a positive integer, got %r" % (key, value))
+        raise WorkloadError("workload.%s: expected a positive integer, got %r" % (key, value)) from None
     if value <= 0:
         raise WorkloadError("workload.%s: expected a positive integer, got %r" % (key, value))
     return value

@@ -259,4 +259,3 @@ def apply_block(text: str, block: list[str], present: bool = True, marker: str =
         warnings=warnings,
         snapshot_sections=sum(1 for line in sections if _SECTION_RE.match(line)),
     )
-

@@ -11,8 +11,11 @@ import subprocess
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ansible_collections.servelab.serving.plugins.module_utils.server.argdefs import (FlagProblem, check_against,
-                                                         sglang_defs_from_site)
+from ansible_collections.servelab.serving.plugins.module_utils.server.argdefs import (
+    FlagProblem,
+    check_against,
+    sglang_defs_from_site,
+)
 
 _VERSION_SNIPPET = ("import importlib.metadata as m, sys\n"
                     "print(m.version(sys.argv[1]))\n")
@@ -30,7 +33,7 @@ class Probe:
 def _ask(python: str, snippet: str, package: str, timeout: float = 60.0) -> Probe:
     try:
         done = subprocess.run([python, "-c", snippet, package], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
     except FileNotFoundError:
         return Probe(None, f"interpreter {python} not found")
     except subprocess.TimeoutExpired:

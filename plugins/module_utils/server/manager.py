@@ -18,9 +18,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as proc_cgroup, lifetime as proc_lifetime
-from ansible_collections.servelab.serving.plugins.module_utils.server import engine as server_engine, launcher, ports as server_ports
-from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file as server_simulator, state as server_state
+from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as proc_cgroup
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime as proc_lifetime
+from ansible_collections.servelab.serving.plugins.module_utils.server import engine as server_engine
+from ansible_collections.servelab.serving.plugins.module_utils.server import launcher
+from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports
+from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file as server_simulator
+from ansible_collections.servelab.serving.plugins.module_utils.server import state as server_state
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import ProfileError, resolve_profile
 from ansible_collections.servelab.serving.plugins.module_utils.server.logscan import scan_log
 from ansible_collections.servelab.serving.plugins.module_utils.server.ready import NotReady, wait_ready

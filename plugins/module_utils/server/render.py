@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import Profile, ProfileError, ReadyCheck
-from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import render_sglang, version_warnings
+from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import (
+    render_sglang,
+    version_warnings,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.server.render_vllm import render_vllm
 from ansible_collections.servelab.serving.plugins.module_utils.server.versions import parse_version
 

@@ -88,7 +88,7 @@ def locked(state_dir: str, name: str, timeout: float = 600.0) -> Iterator[None]:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"another task holds {directory}/{LOCK_FILE} for more "
-                                       f"than {timeout:.0f} s")
+                                       f"than {timeout:.0f} s") from None
                 time.sleep(0.2)
         yield
     finally:

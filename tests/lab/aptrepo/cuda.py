@@ -95,18 +95,21 @@ def toolkit_package(spec: ToolkitSpec) -> DebPackage:
         "  update-alternatives --install %s %s %s %d\n" % (link, name, spec.prefix, spec.priority)
         for link, name in alternatives) + "fi\n"
     prerm = "#!/bin/sh\nset -e\nif [ \"$1\" = remove ] || [ \"$1\" = deconfigure ]; then\n" + "".join(
-        "  update-alternatives --remove %s %s\n" % (name, spec.prefix) for _, name in alternatives) + "fi\n"
+        "  update-alternatives --remove %s %s\n" % (name, spec.prefix) for _link, name in alternatives) + "fi\n"
+    description = ("CUDA Toolkit %s meta-package (servelab lab stand-in%s)\n"
+                   "Installs %s like NVIDIA's package, with an nvcc that only answers --version."
+                   % (spec.release, ", broken nvcc" if spec.broken else "", spec.prefix))
     return DebPackage(
         name=spec.package, version=spec.deb_version,
-        description="CUDA Toolkit %s meta-package (servelab lab stand-in%s)\n"
-                    "Installs %s like NVIDIA's package, with an nvcc that only answers --version."
-                    % (spec.release, ", broken nvcc" if spec.broken else "", spec.prefix),
+        description=description,
         files={
             spec.prefix + "/bin/nvcc": (nvcc_script(spec), 0o755),
             spec.prefix + "/version.json": (json.dumps(version_json, indent=3) + "\n", 0o644),
-            spec.prefix + "/lib64/" + lib: (b"\x7fELF servelab lab stand-in for " + lib.encode() + b"\n", 0o644),
+            spec.prefix + "/lib64/" + lib: (b"\x7fELF servelab lab stand-in for " + lib.encode() + b"\n",
+                                            0o644),
             spec.prefix + "/include/cuda_runtime_api.h": (
-                "#define CUDART_VERSION %d%03d\n" % (int(major), int(spec.release.split(".")[1]) * 10), 0o644),
+                "#define CUDART_VERSION %d%03d\n" % (int(major), int(spec.release.split(".")[1]) * 10),
+                0o644),
         },
         symlinks={spec.prefix + "/lib64/libcudart.so.%s" % major: lib,
                   spec.prefix + "/lib64/libcudart.so": "libcudart.so.%s" % major},

@@ -41,7 +41,7 @@ class DebPackage:
             fields["Depends"] = ", ".join(self.depends)
         fields.update(self.extra_control)
         lines = ["%s: %s" % item for item in fields.items()]
-        summary, _, body = self.description.partition("\n")
+        summary, _sep, body = self.description.partition("\n")
         lines.append("Description: %s" % summary)
         lines += [" " + (line or ".") for line in body.splitlines()]
         return "\n".join(lines) + "\n"
@@ -78,7 +78,7 @@ def build_deb(package: DebPackage, staging: Path, outdir: Path) -> Path:
     outdir.mkdir(parents=True, exist_ok=True)
     deb = outdir / package.filename
     result = subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
-                            capture_output=True, text=True, timeout=DPKG_DEB_TIMEOUT)
+                            capture_output=True, text=True, timeout=DPKG_DEB_TIMEOUT, check=False)
     if result.returncode != 0:
         raise RuntimeError("dpkg-deb --build %s failed: %s%s" % (root, result.stdout, result.stderr))
     return deb

@@ -34,12 +34,12 @@ class SigningKey:
         argv = ["gpg", "--homedir", str(self.home), "--batch", "--yes", "--no-tty", "--quiet",
                 "--pinentry-mode", "loopback", "--passphrase", ""] + list(args)
         try:
-            result = subprocess.run(argv, input=input_bytes, capture_output=True, timeout=GPG_TIMEOUT)
+            result = subprocess.run(argv, input=input_bytes, capture_output=True, timeout=GPG_TIMEOUT, check=False)
         except subprocess.TimeoutExpired as err:
             raise SigningError("gpg timed out after %ss: %s" % (GPG_TIMEOUT, " ".join(args))) from err
         if result.returncode != 0:
             raise SigningError("gpg %s failed (rc %d): %s" % (" ".join(args[:2]), result.returncode,
-                                                             result.stderr.decode(errors="replace")))
+                                                              result.stderr.decode(errors="replace")))
         return subprocess.CompletedProcess(argv, 0, result.stdout.decode(errors="replace"),
                                            result.stderr.decode(errors="replace"))
 
@@ -64,7 +64,7 @@ class SigningKey:
             subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "all"],
                            capture_output=True, timeout=GPG_TIMEOUT, check=False)
 
-    def __enter__(self) -> "SigningKey":
+    def __enter__(self) -> SigningKey:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -28,7 +28,7 @@ def write_simple_index(root: Path, wheels: list[Path]) -> Path:
             shutil.copy2(wheel, directory / wheel.name)
             digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
             links.append('<a href="%s#sha256=%s">%s</a><br/>' % (html.escape(wheel.name), digest,
-                                                                  html.escape(wheel.name)))
+                                                                 html.escape(wheel.name)))
         (directory / "index.html").write_text(
             "<!DOCTYPE html>\n<html><body>\n<h1>Links for %s</h1>\n%s\n</body></html>\n" % (project, "\n".join(links)))
     listing = "\n".join('<a href="%s/">%s</a><br/>' % (p, p) for p in sorted(by_project))
