@@ -1093,7 +1093,7 @@ class SimServer:
         self._start(req)
         try:
             await asyncio.wait_for(asyncio.shield(req.future), self.cfg.health_timeout)
-        except asyncio.TimeoutError:  # noqa: UP041 (TimeoutError itself only from Python 3.11 on)
+        except asyncio.TimeoutError:
             if not proto.closed:
                 proto.respond_json(503, _error_obj(503, "health generation timed out"))
             return
