@@ -12,24 +12,33 @@ description:
     O(device_glob), counting those with a CUDA context (mapping O(compute_device_glob)). Inside an LXC
     container C(nvidia-smi) reports host PIDs, so it cannot say which container process holds a
     GPU; the file descriptors can.
-  - Adds processes whose command line matches O(patterns) (by default the process titles of
-    SGLang's scheduler, TP/GPU workers, detokenizer, draft runner and launcher, and of vLLM's
-    EngineCore, workers and launcher), processes in the server's O(cgroups), and then their
-    descendants, the process groups and sessions they lead, and orphaned groups (a dead launcher's
-    workers, reparented to init).
+  - Adds processes in the server's O(cgroups) and processes whose command line matches
+    O(patterns) (by default the process titles of SGLang's scheduler, TP/GPU workers,
+    detokenizer, draft runner and launcher, and of vLLM's EngineCore, workers and launcher)
+    within O(pattern_scope) - by default only the reaping user's matches that hold a CUDA context
+    or live in a servelab server cgroup, since a name alone is easily shared. Then their
+    descendants, the process groups and sessions they lead, and orphaned groups (a dead
+    launcher's workers, reparented to init); never a group or session led by a live process that
+    is not a target (the user's shell, a tmux pane), never below a terminal multiplexer.
   - Never touches init, kernel threads, the init of a container, itself and its ancestors (the
     Ansible connection), sshd, Ansible, the NVIDIA daemons (persistenced, fabric manager, DCGM),
-    LXC plumbing, or what O(protect) and O(protect_pids) name (with their descendants).
+    LXC plumbing, terminal multiplexers and session managers (tmux, screen, zellij, login,
+    C(systemd --user), login shells), or what O(protect) and O(protect_pids) name (with their
+    descendants).
   - Sends SIGTERM, waits up to O(grace) for each process to exit, then SIGKILL (or C(cgroup.kill)
     for the server's cgroups, which also catches double-forked escapees), waits up to
     O(kill_timeout), and rescans for processes forked meanwhile. A zombie whose parent is not the
     reaper counts as gone.
+  - Reports every process that disappeared during the reap, the targets' and those tied to
+    them (a child that died with its parent), in RV(vanished).
   - Then polls GPU memory (NVML via nvidia-ml-py when importable, else C(nvidia-smi)) until every
-    GPU is back to the baseline or O(memory_timeout) passes. There are no fixed sleeps.
+    GPU is back to the baseline or O(memory_timeout) passes, leaving out the memory that the
+    processes it spared hold (protected work, other users' jobs), per process as NVML reports it
+    (RV(memory_excluded)). There are no fixed sleeps.
   - With O(container), runs on the Proxmox host (use C(delegate_to)) and considers only the
     processes in that container's cgroup, for processes that cannot be killed from inside it.
 version_added: "0.1.0"
-author: servelab
+author: servelab (!UNKNOWN)
 options:
   device_glob:
     description: Glob of the device files whose holders are GPU users. Tests point it at files of their own.
@@ -51,8 +60,25 @@ options:
       - The default matches SGLang (C(^sglang::), C(-m sglang.launch_server), C(sglang serve)) and
         vLLM (C(^VLLM::), C(^VllmWorker), C(vllm serve), C(-m vllm.entrypoints.)).
       - Give V([]) to rely on the device scan and cgroups alone.
+      - A match is a target only within O(pattern_scope).
     type: list
     elements: str
+  pattern_scope:
+    description:
+      - Which processes a match of O(patterns) alone may take. Processes holding a CUDA context
+        and members of O(cgroups) are targets whatever this says.
+      - V(own_gpu) - processes of the user the reap runs as (from the Proxmox host with
+        O(container), the container's root) that hold a CUDA context or live in a servelab
+        server cgroup (C(<cgroup root>/servelab/...), where M(servelab.serving.llm_server)
+        starts servers). Another user's look-alike and a CPU-only process that merely mentions
+        C(vllm serve) are spared (listed in RV(spared)).
+      - V(own) - every process of that user that matches, GPU or not (a launcher started by hand,
+        outside llm_server's cgroups).
+      - V(any) - every match, whoever runs it (the behaviour before this option). Needed when root
+        reaps servers that run as another account.
+    type: str
+    choices: [own_gpu, own, any]
+    default: own_gpu
   protect:
     description: Regular expressions; a matching process and its descendants are never touched.
     type: list
@@ -103,11 +129,18 @@ options:
     default: true
   memory_baseline_mib:
     description:
-      - MiB used per GPU that is expected to stay (work you protect). One integer for every GPU, a
-        list by GPU index, or a mapping of GPU index to MiB.
-      - A GPU is back to baseline when its used memory is at most baseline + O(memory_threshold_mib).
-        Without a baseline it is back when it has no compute process and at most
-        O(memory_threshold_mib) used.
+      - MiB used per GPU that is expected to stay and that the reap cannot attribute to a process
+        it spared. One integer for every GPU, a list by GPU index, or a mapping of GPU index to
+        MiB.
+      - The memory of the compute processes the reap spared (protected, another user's, outside
+        the container) is left out first, per process as NVML reports it (RV(memory_excluded)).
+        Do not count it in the baseline where the pids NVML reports are this host's; inside a
+        container they are host pids, nothing is left out (RV(memory_note) says so) and the
+        baseline must cover protected work.
+      - A GPU is back to baseline when its used memory, less the memory left out, is at most
+        baseline + O(memory_threshold_mib). Without a baseline it is back when it has no compute
+        process other than spared ones and at most O(memory_threshold_mib) used (less what is
+        left out).
     type: raw
   memory_threshold_mib:
     description: Tolerance in MiB (see O(memory_baseline_mib)).
@@ -151,8 +184,10 @@ attributes:
     description: Before = the target processes, after = the survivors.
 notes:
   - Runs with the Python standard library alone; nvidia-ml-py and psutil are not required.
-  - Without O(memory_baseline_mib), a GPU used by a protected process never looks clean; give the
-    baseline (for example from a gpu_facts run before the server started).
+  - The memory of a protected process is left out of the check where NVML's pids are this host's
+    (a bare host, or the Proxmox host with O(container)). Inside a container NVML reports host
+    pids, which match no local process; there, give O(memory_baseline_mib) for protected work
+    (for example from a gpu_facts run before the server started).
 """
 
 EXAMPLES = r"""
@@ -185,13 +220,23 @@ killed:
   elements: dict
   contains:
     pid: {description: PID (a host PID with O(container)), type: int}
-    container_pid: {description: PID inside its container (O(container), or when the pid namespace differs), type: int}
+    container_pid: {description: "PID inside its container (O(container), or when the pid namespace differs)", type: int}
     name: {description: Kernel process name (comm), type: str}
     cmdline: {description: Command line, type: str}
     signal: {description: What ended it, type: str, sample: SIGTERM}
-    found_by: {description: "device_fd, device_mmap, pattern, cgroup, descendant, process_group or session", type: str}
-    seed_pid: {description: For a process found through another one, that one's PID, type: int}
-    detail: {description: Device path, pattern, cgroup or relation, type: str}
+    found_by:
+      description: >-
+        device_fd, device_mmap, pattern, cgroup, descendant, process_group or session; in
+        RV(vanished) with C(side_effect), how it relates to a target (descendant, parent,
+        process_group, session, spared)
+      type: str
+    seed_pid: {description: "For a process found through another one, that one's PID", type: int}
+    detail: {description: "Device path, pattern, cgroup or relation", type: str}
+    side_effect:
+      description: >-
+        RV(vanished) only - not a target, tied to one, and it exited during the reap without a
+        signal of the reaper
+      type: bool
   sample: [{pid: 4242, name: "sglang::schedul", cmdline: "sglang::scheduler_TP0", signal: SIGTERM, found_by: device_fd, seed_pid: null, detail: /dev/nvidia0}]
 would_kill:
   description: In check mode, what would be signalled (same fields as RV(killed) without signal).
@@ -205,14 +250,20 @@ survivors:
   elements: dict
 vanished:
   description:
-    - Targets that exited during the reap without a signal of the reaper ending them (same fields
-      as RV(killed), with C(signal) null) - gone before they were signalled, or they ignored
-      SIGTERM and exited on their own during O(grace). Not counted as a change.
+    - Processes that exited during the reap without a signal of the reaper ending them (same
+      fields as RV(killed), with C(signal) null) - targets gone before they were signalled, or
+      that ignored SIGTERM and exited on their own during O(grace); and, with C(side_effect)
+      true, non-targets tied to a target (its other descendants, its parent, its group and
+      session, the spared matches) that exited meanwhile, for example a protected child that
+      died with its parent. Not counted as a change.
   returned: always
   type: list
   elements: dict
 spared:
-  description: Processes that matched but are protected, with the reason.
+  description: >-
+    Processes that matched (a pattern, the device scan) but are not targets, with the reason:
+    protected, outside O(pattern_scope) (another user's, no CUDA context), a terminal
+    multiplexer, no CUDA context (an NVML client).
   returned: always
   type: list
   elements: dict
@@ -226,23 +277,47 @@ memory_before:
     uuid: {description: GPU UUID, type: str}
     used_mib: {description: Memory used, type: int}
     total_mib: {description: Memory total, type: int}
-    processes: {description: Compute processes on it (host PIDs, counted only), type: int}
+    processes: {description: Compute processes on it, type: int}
+    process_memory:
+      description: >-
+        Per compute process, its pid as the driver reports it (a host pid) and its memory; null
+        where the backend cannot list them
+      type: list
+      elements: dict
 memory_after:
   description: Per GPU, at the end of the wait.
   returned: always
   type: list
   elements: dict
 memory_clean:
-  description: Every GPU back to the baseline; null when there was no GPU to check.
+  description: Every GPU back to the baseline, less RV(memory_excluded); null when there was no GPU to check.
   returned: always
   type: bool
+memory_excluded:
+  description: >-
+    Per GPU of RV(memory_after), the memory of spared processes left out of the check, and why
+    each is spared.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index: {description: GPU index, type: int}
+    uuid: {description: GPU UUID, type: str}
+    excluded_mib: {description: Memory left out, type: int}
+    processes:
+      description: "The spared processes: pid, name, used_mib, reason"
+      type: list
+      elements: dict
 memory_source:
   description: nvml, nvidia-smi or none.
   returned: always
   type: str
 memory_note:
-  description: Why memory was not checked, when it was not.
-  returned: when memory was not checked
+  description: >-
+    Why memory was not checked, when it was not; or what the check could not leave out (no
+    per-process memory from the backend, GPU processes that are not local processes, as inside a
+    container).
+  returned: when there is something to say
   type: str
 cgroups:
   description: The O(cgroups) entries, resolved, with their processes and whether C(cgroup.kill) was used.
@@ -282,6 +357,7 @@ def main() -> None:
             device_glob=dict(type="str", default="/dev/nvidia*"),
             compute_device_glob=dict(type="str", default="/dev/nvidia-uvm"),
             patterns=dict(type="list", elements="str"),
+            pattern_scope=dict(type="str", default="own_gpu", choices=["own_gpu", "own", "any"]),
             protect=dict(type="list", elements="str", default=[]),
             protect_pids=dict(type="list", elements="int", default=[]),
             grace=dict(type="float", default=10.0),
@@ -308,6 +384,7 @@ def main() -> None:
     opts = ReapOptions(
         device_glob=p["device_glob"], compute_device_glob=p["compute_device_glob"],
         patterns=DEFAULT_PATTERNS if p["patterns"] is None else p["patterns"],
+        pattern_scope=p["pattern_scope"],
         protect=p["protect"], protect_pids=p["protect_pids"], grace=p["grace"],
         kill_timeout=p["kill_timeout"], cgroups=p["cgroups"], container=p["container"],
         container_cgroup_globs=p["container_cgroup_globs"], scan_maps=p["scan_maps"],
@@ -332,13 +409,20 @@ def main() -> None:
             len(result.survivors), ", ".join("%d (%s, state %s)" % (r.pid, r.name, r.state)
                                              for r in result.survivors)))
     if result.memory_clean is False and not module.check_mode:
-        problems.append("GPU memory not back to baseline after %.1f s: %s (threshold %d MiB%s)" % (
-            opts.memory_timeout,
-            ", ".join("GPU%d %d MiB/%s procs" % (g.index, g.used_mib, g.processes)
-                      for g in result.memory_after),
-            opts.memory_threshold_mib,
-            "" if opts.memory_baseline_mib is not None else
-            "; give memory_baseline_mib if protected work keeps memory"))
+        excluded = {e.index: e for e in result.memory_excluded}
+
+        def gpu_line(g) -> str:
+            e = excluded.get(g.index)
+            if not (e and e.processes):
+                return "GPU%d %d MiB/%s procs" % (g.index, g.used_mib, g.processes)
+            return "GPU%d %d MiB/%s procs (%d MiB of %d spared process(es) left out)" % (
+                g.index, g.used_mib, g.processes, e.excluded_mib, len(e.processes))
+        problems.append("GPU memory not back to baseline after %.1f s: %s (threshold %d MiB%s%s)"
+                        % (opts.memory_timeout, ", ".join(gpu_line(g) for g in result.memory_after),
+                           opts.memory_threshold_mib,
+                           "" if opts.memory_baseline_mib is not None else
+                           "; give memory_baseline_mib if protected work keeps memory",
+                           "; " + result.memory_note if result.memory_note else ""))
     if problems and p["require_clean"]:
         module.fail_json(msg="; ".join(problems), **out)
     if problems:

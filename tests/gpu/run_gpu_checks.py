@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Run the GPU checks without pytest or Ansible (the GPU machine has neither, maybe).
 
     python3 tests/gpu/run_gpu_checks.py [--out results.json] [--only NAME]...
@@ -28,7 +27,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write results as JSON here")
     ap.add_argument("--only", action="append", default=[],
-                    help="run only these checks (reap, facts, venv)")
+                    help="run only these checks (reap, protect, facts, venv)")
     args = ap.parse_args()
 
     report = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -47,6 +46,9 @@ def main() -> int:
         ("reap", "gpu_reap frees the memory of 8 orphaned TP-like workers and their detached "
                  "children, spares decoy, NVML monitor and protected",
          lambda: gpu_checks.check_reap_frees_gpu_memory(n)),
+        ("protect", "protected GPU process does not fail the reap: its memory is left out of "
+                    "the memory check, per process (NVML)",
+         lambda: gpu_checks.check_protected_gpu_process_does_not_fail_the_reap(n)),
         ("facts", "gpu_facts agrees with nvidia-smi --query-gpu (NVML and nvidia-smi backends)",
          gpu_checks.check_gpu_facts_agrees_with_nvidia_smi),
         ("venv", "gpu_facts reads torch's version and CUDA from the interpreter's packages",
@@ -64,6 +66,9 @@ def main() -> int:
         except gpu_checks.CheckFailed as exc:
             entry["status"] = "FAIL"
             entry["error"] = str(exc)
+        except gpu_checks.CheckSkipped as exc:       # nothing to say here, and why
+            entry["status"] = "SKIP"
+            entry["error"] = str(exc)
         except Exception as exc:                     # a crash is a failure with its traceback
             entry["status"] = "FAIL"
             entry["error"] = "%s: %s" % (type(exc).__name__, exc)
@@ -72,7 +77,7 @@ def main() -> int:
         report["checks"][name] = entry
         failed += entry["status"] == "FAIL"
         print("%s %-6s %5.1fs  %s" % (entry["status"], name, entry["seconds"], title))
-        if entry["status"] == "FAIL":
+        if entry["status"] in ("FAIL", "SKIP"):
             print("     " + entry["error"].replace("\n", "\n     "))
             if "traceback" in entry:
                 print(entry["traceback"])
@@ -80,7 +85,10 @@ def main() -> int:
             print("     " + json.dumps(entry["result"], default=str)[:1500])
     report["failed"] = failed
     _write(args.out, report)
+    skipped = [n for n, e in report["checks"].items() if e["status"] == "SKIP"]
     print("%d check(s) failed" % failed if failed else "all GPU checks passed")
+    if skipped:
+        print("skipped (see above why): %s" % ", ".join(skipped))
     return 1 if failed else 0
 
 

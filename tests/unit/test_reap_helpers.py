@@ -25,6 +25,9 @@ from typing import Dict, List, Optional
 #   --cgroup DIR       move itself into the cgroup DIR before anything else
 #   --ready FILE       write {"pid", "pgid", "sid", "children": [...], "detached": [...]} there
 #   --setsid           start a new session first
+#   --pdeathsig        die (SIGKILL) when the parent exits, as workers of some launchers do
+#   --exit-with-children  exit as soon as one of its children exits (a launcher that quits
+#                      when a worker dies)
 # Anything else (the token, a role name) only lands in the command line, for patterns.
 HOLDER = r'''
 import json, mmap, os, signal, subprocess, sys, time
@@ -43,6 +46,12 @@ holds, maps, kids, dfs = take("--hold"), take("--map-only"), take("--child"), ta
 cgroups, ready, exit_after = take("--cgroup"), take("--ready"), take("--exit-after")
 if flag("--setsid"):
     os.setsid()
+if flag("--pdeathsig"):
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)      # PR_SET_PDEATHSIG
+    if os.getppid() == 1:                           # the parent was gone already
+        raise SystemExit("parent gone before PR_SET_PDEATHSIG")
+exit_with_children = flag("--exit-with-children")
 for cg in cgroups:
     with open(os.path.join(cg, "cgroup.procs"), "w") as fh:
         fh.write(str(os.getpid()))
@@ -100,6 +109,9 @@ if ready:
     os.rename(tmp, ready[0])
 if exit_after:
     time.sleep(float(exit_after[0]))
+    sys.exit(0)
+if exit_with_children and children:
+    os.wait()
     sys.exit(0)
 while True:
     time.sleep(3600)
@@ -227,13 +239,12 @@ def run_playbook(playbook: str, tmp_path, extra_env: Optional[dict] = None) -> d
     proc = subprocess.run(
         [os.path.join(bindir, "ansible-playbook"), "-i", "localhost,", "-c", "local",
          "-e", "ansible_python_interpreter=%s" % sys.executable, path],
-        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        universal_newlines=True, timeout=300)
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
     try:
         return json.loads(proc.stdout[proc.stdout.index("{"):])
     except ValueError:
         raise AssertionError("ansible-playbook printed no JSON (rc %d):\n%s\n%s"
-                             % (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
+                             % (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])) from None
 
 
 def task_results(out: dict) -> Dict[str, dict]:
@@ -249,47 +260,3 @@ def task_results_for(out: dict, host: str) -> Dict[str, dict]:
             if host in task["hosts"]:
                 res[task["task"]["name"]] = task["hosts"][host]
     return res
-
-
-def module_doc_and_spec(name: str):
-    """(DOCUMENTATION, EXAMPLES, RETURN parsed as YAML, argument_spec) of plugins/modules/<name>.
-    The spec is captured by running main() against a stand-in AnsibleModule that stops there."""
-    import importlib.util
-    import yaml
-    from unittest import mock
-    path = os.path.join(repo_root(), "plugins", "modules", name + ".py")
-    spec = importlib.util.spec_from_file_location("servelab_doc_" + name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    captured = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake(argument_spec, **kw):
-        captured.update(argument_spec)
-        raise Stop()
-    with mock.patch.object(mod, "AnsibleModule", fake):
-        try:
-            mod.main()
-        except Stop:
-            pass
-    return (yaml.safe_load(mod.DOCUMENTATION), yaml.safe_load(mod.EXAMPLES),
-            yaml.safe_load(mod.RETURN), captured)
-
-
-def assert_doc_matches_spec(name: str) -> None:
-    doc, examples, ret, spec = module_doc_and_spec(name)
-    assert doc["module"] == name and examples and ret
-    opts = doc["options"]
-    assert set(opts) == set(spec), "documented %s, argument_spec %s" % (sorted(opts), sorted(spec))
-    for key, s in spec.items():
-        d = opts[key]
-        assert d.get("type", "str") == s.get("type", "str"), key
-        if "default" in s or "default" in d:
-            assert d.get("default") == s.get("default"), "%s: doc %r, spec %r" % (
-                key, d.get("default"), s.get("default"))
-        if "choices" in s:
-            assert d["choices"] == s["choices"], key
-        if "elements" in s:
-            assert d.get("elements") == s["elements"], key

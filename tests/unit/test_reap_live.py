@@ -119,12 +119,19 @@ def test_tree_orphans_and_groups_are_reaped_decoy_is_not(sp):
 def test_live_launcher_session_is_reaped_with_its_members(sp):
     launcher = sp.start("launcher", "--child", sp.child("worker", *cuda(sp)),
                         "--child", sp.child("tokenizer"))
+    worker, tokenizer = launcher["children"]
+    # pattern_scope own_gpu (default): the CPU-only launcher started by hand (no servelab
+    # cgroup) is only a name; the GPU worker is taken, the launcher's session is not
     res = reap(opts(sp, patterns=[sp.token + "-launcher"]))
+    assert set(by_pid(res.killed)) == {worker["pid"]}
+    assert alive(launcher["pid"]) and alive(tokenizer["pid"])
+    assert "holds no CUDA context" in {s["pid"]: s["reason"]
+                                       for s in res.spared}[launcher["pid"]]
+    # own: the reaping user's match is enough; its session comes with it
+    res = reap(opts(sp, patterns=[sp.token + "-launcher"], pattern_scope="own"))
     killed = by_pid(res.killed)
     assert killed[launcher["pid"]].found_by == "pattern"
-    for child in launcher["children"]:
-        assert child["pid"] in killed
-        assert not alive(child["pid"])
+    assert tokenizer["pid"] in killed and not alive(tokenizer["pid"])
 
 
 def test_sigterm_ignored_escalates_to_sigkill(sp):
@@ -194,7 +201,7 @@ def test_own_process_and_ancestry_are_never_selected(sp):
     # This test process holds a device file too, and the pattern matches every python process.
     with open(sp.dev("nvidia0"), "rb"):
         worker = sp.start("worker")
-        res = reap(opts(sp, patterns=[r"python"], check_mode=True))
+        res = reap(opts(sp, patterns=[r"python"], pattern_scope="any", check_mode=True))
     would = by_pid(res.would_kill)
     assert worker["pid"] in would
     me = os.getpid()
@@ -224,7 +231,9 @@ def test_rerun_finds_nothing_and_changes_nothing(sp):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU memory polling against a stand-in nvidia-smi (it reports 4000 MiB per live holder)
+# GPU memory polling against a stand-in nvidia-smi. It lists each pid of its pid file on GPU 0
+# while that process lives, with 4000 MiB or the MiB given as PID:MIB; PID:MIB:stuck stays
+# listed after the process is gone (a context the driver has not torn down).
 
 FAKE_SMI = r'''#!%(python)s
 import os, sys
@@ -234,10 +243,10 @@ def live(pid):
             return fh.read().rsplit(")", 1)[1].split()[0] not in "ZX"
     except OSError:
         return False
-pids = [int(x) for x in open(%(pidfile)r).read().split()]
-held = [p for p in pids if live(p)]
+entries = [(x.split(":") + ["4000", ""])[:3] for x in open(%(pidfile)r).read().split()]
+held = [(int(p), int(mib)) for p, mib, how in entries if how == "stuck" or live(int(p))]
 args = " ".join(sys.argv[1:])
-gpus = [{"index": "0", "uuid": "GPU-fake-0", "memory.used": str(4000 * len(held))}]
+gpus = [{"index": "0", "uuid": "GPU-fake-0", "memory.used": str(sum(m for _, m in held))}]
 if %(other_mib)d:     # a second GPU, busy with another container's work (a host PID)
     gpus.append({"index": "1", "uuid": "GPU-fake-1", "memory.used": "%(other_mib)d"})
 if "--query-gpu" in args:
@@ -247,8 +256,8 @@ if "--query-gpu" in args:
         vals["memory.total"] = "81559"
         print(", ".join(vals[f] for f in fields))
 elif "--query-compute-apps" in args:
-    for p in held:
-        print("GPU-fake-0, %%d, 4000" %% p)
+    for p, mib in held:
+        print("GPU-fake-0, %%d, %%d" %% (p, mib))
     if %(other_mib)d:
         print("GPU-fake-1, 999999, %(other_mib)d")
 else:
@@ -257,6 +266,7 @@ else:
 
 
 def _fake_smi(sp, pids, other_mib=0):
+    """pids: PID, "PID:MIB" or "PID:MIB:stuck" (see FAKE_SMI)."""
     pidfile = os.path.join(sp.dir, "smi-pids")
     with open(pidfile, "w") as fh:
         fh.write(" ".join(str(p) for p in pids))
@@ -279,18 +289,50 @@ def test_memory_is_polled_back_to_clean(sp):
     assert res.memory_clean is True
 
 
-def test_memory_held_by_protected_work_needs_a_baseline(sp):
+def test_memory_of_protected_work_is_left_out_of_the_check(sp):
+    # the field case: a protected job holds 2000 MiB; without a baseline the GPU used to
+    # look busy forever ("GPU memory not back to baseline") and every profile failed
     keep = sp.start("keep", *cuda(sp))
     victim = sp.start("victim", *cuda(sp))
-    smi = _fake_smi(sp, [keep["pid"], victim["pid"]])
+    smi = _fake_smi(sp, ["%d:2000" % keep["pid"], "%d:6000" % victim["pid"]])
     res = reap(opts(sp, protect=[sp.token + "-keep"], gpu_backend="nvidia-smi", nvidia_smi=smi,
-                    memory_timeout=0.5))
+                    memory_timeout=10))
     assert [r.pid for r in res.killed] == [victim["pid"]]
-    assert res.memory_after[0].used_mib == 4000
-    assert res.memory_clean is False, "4000 MiB and a compute process left: not clean"
-    again = reap(opts(sp, protect=[sp.token + "-keep"], gpu_backend="nvidia-smi",
-                      nvidia_smi=smi, memory_baseline_mib=[4000], memory_threshold_mib=100))
-    assert again.memory_clean is True and not again.changed
+    assert res.memory_after[0].used_mib == 2000 and res.memory_after[0].processes == 1
+    assert res.memory_clean is True
+    excl = res.memory_excluded[0]
+    assert excl.index == 0 and excl.excluded_mib == 2000
+    assert [(p.pid, p.used_mib) for p in excl.processes] == [(keep["pid"], 2000)]
+    assert excl.processes[0].reason.startswith("protect pattern")
+    assert res.memory_note is None
+    # the memory counts again once the process is no longer spared: a baseline must cover it
+    again = reap(opts(sp, gpu_backend="nvidia-smi", nvidia_smi=smi, memory_timeout=0.3,
+                      check_mode=True))
+    assert {r.pid for r in again.would_kill} == {keep["pid"]}
+    assert again.memory_clean is False and again.memory_excluded[0].excluded_mib == 0
+
+
+def test_memory_of_a_leftover_is_not_left_out(sp):
+    keep = sp.start("keep", *cuda(sp))
+    victim = sp.start("victim", *cuda(sp))
+    # the victim's context stays listed after it died; and a pid that is no process here
+    # (another container's, or a host pid seen from inside a container)
+    smi = _fake_smi(sp, ["%d:2000" % keep["pid"], "%d:3000:stuck" % victim["pid"],
+                         "999999:1500:stuck"])
+    res = reap(opts(sp, protect=[sp.token + "-keep"], gpu_backend="nvidia-smi", nvidia_smi=smi,
+                    memory_timeout=0.3))
+    assert [r.pid for r in res.killed] == [victim["pid"]] and not alive(victim["pid"])
+    assert res.memory_clean is False, "a dead target's 3000 MiB are still on the GPU"
+    assert [p.pid for p in res.memory_excluded[0].processes] == [keep["pid"]]
+    assert "999999" in res.memory_note and "host pids" in res.memory_note
+    # with a baseline for the foreign 1500 MiB, the dead target's memory still fails it
+    res = reap(opts(sp, protect=[sp.token + "-keep"], gpu_backend="nvidia-smi", nvidia_smi=smi,
+                    memory_timeout=0.3, memory_baseline_mib=1500, memory_threshold_mib=100))
+    assert res.memory_clean is False
+    _fake_smi(sp, ["%d:2000" % keep["pid"], "999999:1500:stuck"])     # the driver freed it
+    res = reap(opts(sp, protect=[sp.token + "-keep"], gpu_backend="nvidia-smi", nvidia_smi=smi,
+                    memory_timeout=0.3, memory_baseline_mib=1500, memory_threshold_mib=100))
+    assert res.memory_clean is True
 
 
 def test_gpus_option_limits_the_memory_check_to_the_given_gpus(sp):

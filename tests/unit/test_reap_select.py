@@ -10,15 +10,17 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.select impor
 )
 
 SELF = 900
+ME = 0              # the uid the reap acts for in these tables
+OTHER = 1000        # another user
 
 
 def proc(pid, ppid, cmdline="", comm=None, pgid=None, sid=None, state="S", nspid=(),
-         kernel=False):
+         kernel=False, uid=ME):
     return ProcInfo(pid=pid, ppid=ppid, pgid=pgid if pgid is not None else pid,
                     sid=sid if sid is not None else pid, state=state,
                     comm=comm if comm is not None else (cmdline.split() or ["?"])[0][:15],
                     cmdline=cmdline, start_time=pid * 10, nspid=tuple(nspid),
-                    kernel_thread=kernel)
+                    kernel_thread=kernel, uid=uid)
 
 
 def table(*procs):
@@ -36,6 +38,7 @@ BASE = (
 
 def policy(**kw):
     kw.setdefault("self_pid", SELF)
+    kw.setdefault("owner_uid", ME)
     for key in ("patterns", "protect"):
         if key in kw:
             kw[key] = compile_patterns(key, kw[key])
@@ -76,7 +79,7 @@ def test_default_patterns_leave_lookalikes_alone(cmdline):
 def test_comm_is_matched_too():
     # setproctitle also sets comm (cut to 15 chars); the cmdline can be anything
     t = table(*BASE, proc(100, 1, "python3 -c spawn_main", comm="sglang::schedul"))
-    sel = select_targets(t, {}, policy(patterns=[r"^sglang::"]))
+    sel = select_targets(t, {}, policy(patterns=[r"^sglang::"], pattern_scope="own"))
     assert found(sel) == {100: "pattern"}
 
 
@@ -101,7 +104,7 @@ def test_group_and_session_led_by_a_target_are_taken():
     t = table(*BASE, proc(100, 1, "launcher", pgid=100, sid=100),
               proc(110, 1, "reparented worker", pgid=100, sid=100),
               proc(120, 1, "other group, same session", pgid=120, sid=100))
-    sel = select_targets(t, {}, policy(patterns=["^launcher$"]))
+    sel = select_targets(t, {}, policy(patterns=["^launcher$"], pattern_scope="own"))
     assert found(sel) == {100: "pattern", 110: "process_group", 120: "session"}
 
 
@@ -174,7 +177,7 @@ def test_expansion_never_reaches_our_ancestry():
               proc(800, 1, "bash", pgid=800, sid=100),
               proc(SELF, 800, "python3 module", pgid=800, sid=100),
               proc(101, 100, "worker", pgid=100, sid=100))
-    sel = select_targets(t, {}, policy(patterns=["^launcher$"]))
+    sel = select_targets(t, {}, policy(patterns=["^launcher$"], pattern_scope="own"))
     assert found(sel) == {100: "pattern", 101: "descendant"}
 
 
@@ -217,3 +220,166 @@ def test_parse_stat_with_spaces_and_parens_in_comm():
         "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 12345 0 0")
     assert fields.comm == "a) b (c" and fields.state == "S"
     assert fields.ppid == 1 and fields.pgid == 4242 and fields.start_time == 12345
+
+
+# ---------------------------------------------------------------------------------------------
+# pattern_scope: how far a pattern match alone reaches
+
+VLLM_LOOKALIKE = "python3 notes.py --title vllm serve"      # matches the default patterns
+
+
+def default_policy(**kw):
+    return policy(patterns=list(DEFAULT_PATTERNS), **kw)
+
+
+def test_another_users_lookalike_is_spared_under_own_gpu_and_own():
+    t = table(*BASE, proc(100, 1, VLLM_LOOKALIKE, uid=OTHER))
+    for scope in ("own_gpu", "own"):
+        sel = select_targets(t, {}, default_policy(pattern_scope=scope))
+        assert found(sel) == {}, scope
+        assert "runs as uid 1000, not as uid 0" in sel.spared[100]
+        assert "vllm" in sel.spared[100]                  # the pattern it matched is named
+    sel = select_targets(t, {}, default_policy(pattern_scope="any"))
+    assert found(sel) == {100: "pattern"}
+
+
+def test_own_lookalike_without_gpu_or_server_cgroup_is_spared_by_default():
+    t = table(*BASE, proc(100, 1, VLLM_LOOKALIKE))
+    sel = select_targets(t, {}, default_policy())
+    assert found(sel) == {}
+    assert "holds no CUDA context and is in no servelab server cgroup" in sel.spared[100]
+    sel = select_targets(t, {}, default_policy(pattern_scope="own"))
+    assert found(sel) == {100: "pattern"}
+
+
+def test_own_match_in_a_servelab_server_cgroup_is_taken_by_default():
+    # a launcher llm_server started: CPU-only, but in its server's cgroup
+    t = table(*BASE, proc(100, 1, "/opt/venv/bin/python3 -m sglang.launch_server --tp 8"))
+    sel = select_targets(t, {}, default_policy(
+        server_cgroup_members={100: "/sys/fs/cgroup/servelab/servelab-a-1234"}))
+    assert found(sel) == {100: "pattern"}
+    assert "servelab server cgroup /sys/fs/cgroup/servelab/servelab-a-1234" in \
+        sel.targets[100].detail
+
+
+def test_a_cuda_context_is_a_seed_whoever_owns_it():
+    # device seeds keep their rule: another user's CUDA process on the GPU is a GPU user
+    t = table(*BASE, proc(100, 1, "sglang::scheduler_TP0", uid=OTHER),
+              proc(200, 1, "sglang::scheduler_TP1"))
+    sel = select_targets(t, dev(100, 200), default_policy())
+    assert found(sel) == {100: "device_fd", 200: "device_fd"}
+
+
+def test_unknown_owner_spares_every_match_but_under_any():
+    t = table(*BASE, proc(100, 1, VLLM_LOOKALIKE))
+    sel = select_targets(t, {}, default_policy(owner_uid=None, pattern_scope="own"))
+    assert found(sel) == {} and "not as uid None" in sel.spared[100]
+
+
+def test_a_refused_match_inside_a_targets_tree_is_taken_and_not_listed_as_spared():
+    # a CPU-only tokenizer (matches, no GPU) under a GPU worker: it is the worker's child
+    t = table(*BASE, proc(100, 1, "sglang::scheduler_TP0"),
+              proc(101, 100, "sglang::tokenizer_worker:100", pgid=100, sid=100))
+    sel = select_targets(t, dev(100), default_policy())
+    assert found(sel) == {100: "device_fd", 101: "descendant"}
+    assert 101 not in sel.spared
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal multiplexers and session managers
+
+def tmux_box():
+    """A tmux server started as `tmux new -s srv 'vllm serve ...'` (its command line keeps that;
+    comm is 'tmux: server'), with three windows (each a session of its own, led by the pane's
+    shell): a vllm server on the GPU with a helper child, and two unrelated sleeps."""
+    return table(
+        *BASE,
+        proc(500, 1, "tmux new -s srv vllm serve /models/q --port 8000", comm="tmux: server"),
+        proc(510, 500, "-bash", comm="bash", pgid=510, sid=510),
+        proc(511, 510, "/opt/venv/bin/python3 /opt/venv/bin/vllm serve /models/q", comm="vllm",
+             pgid=511, sid=510),
+        proc(512, 511, "VLLM::EngineCore", pgid=511, sid=510),
+        proc(513, 511, "python3 -c resource_tracker", pgid=511, sid=510),
+        proc(520, 500, "bash", pgid=520, sid=520),
+        proc(521, 520, "sleep 1000", pgid=521, sid=520),
+        proc(530, 500, "sleep 2000", pgid=530, sid=530))
+
+
+def test_a_tmux_server_matched_by_its_command_line_is_never_a_seed():
+    t = tmux_box()
+    for scope in ("own_gpu", "own", "any"):
+        sel = select_targets(t, {}, default_policy(pattern_scope=scope))
+        assert 500 not in sel.targets, scope
+        assert "terminal multiplexer or session manager (tmux: server)" in sel.spared[500]
+        for window in (510, 520, 521, 530):
+            assert window not in sel.targets, (scope, window)
+
+
+def test_a_seed_inside_a_tmux_window_takes_only_its_own_job():
+    t = tmux_box()
+    sel = select_targets(t, dev(512), default_policy(pattern_scope="own"))
+    # the engine (GPU), its launcher by pattern (it leads its job's group), the group's rest;
+    # not the pane's login shell (the session leader: a live non-target), nor sibling windows
+    assert found(sel) == {512: "device_fd", 511: "pattern", 513: "descendant"}
+    # own_gpu: the launcher holds no GPU, so it is not a target, and the group it leads is
+    # not grown into (a live non-target leads it); if it quits when its engine dies, the
+    # reap reports it (related, as the engine's parent)
+    sel = select_targets(t, dev(512), default_policy())
+    assert found(sel) == {512: "device_fd"}
+    assert "holds no CUDA context" in sel.spared[511]
+    assert sel.related[511].found_by == "parent"
+
+
+def test_descendants_stop_at_a_session_manager():
+    # a launcher that started a tmux server (a user's helper script, say): the server and its
+    # windows are not the launcher's tree, even though they descend from it
+    t = table(*BASE, proc(100, 1, "python serve.py", pgid=100, sid=100),
+              proc(101, 100, "sglang::scheduler_TP0", pgid=100, sid=100),
+              proc(200, 100, "tmux new -d", comm="tmux: server", pgid=200, sid=200),
+              proc(201, 200, "sleep 1000", pgid=201, sid=201),
+              proc(300, 100, "-bash", comm="bash", pgid=300, sid=300),
+              proc(301, 300, "vim notes", pgid=301, sid=300))
+    sel = select_targets(t, dev(100), policy())
+    assert found(sel) == {100: "device_fd", 101: "descendant"}
+    assert "login shell (-bash)" in sel.never[300]
+
+
+def test_without_builtin_protection_a_multiplexer_target_still_takes_no_windows():
+    t = tmux_box()
+    sel = select_targets(t, {}, default_policy(pattern_scope="any", builtin_protect=False))
+    assert found(sel) == {500: "pattern", 511: "pattern", 512: "pattern", 513: "descendant"}
+    for window in (510, 520, 521, 530):
+        assert window not in sel.targets
+
+
+def test_group_led_by_a_shell_in_a_window_is_not_grown_into():
+    # `bash -c "vllm serve x; sleep 1000"` in a window: vllm sits in the shell's group
+    t = table(*BASE, proc(500, 1, "tmux", comm="tmux: server"),
+              proc(510, 500, "bash -c vllm serve x; sleep 1000", comm="bash",
+                   pgid=510, sid=510),
+              proc(511, 510, "vllm serve x", comm="vllm", pgid=510, sid=510),
+              proc(512, 510, "python3 unrelated.py", pgid=510, sid=510))
+    sel = select_targets(t, dev(511), default_policy(pattern_scope="own"))
+    # the shell matched too (its -c names `vllm serve`) and is the group leader: with `own`
+    # it is a target, and its group is then its own; with own_gpu it is not
+    assert set(found(sel)) == {510, 511, 512}
+    sel = select_targets(t, dev(511), default_policy())
+    assert found(sel) == {511: "device_fd"}
+
+
+# ---------------------------------------------------------------------------------------------
+# related: the non-targets watched for side effects
+
+def test_related_lists_non_targets_tied_to_targets():
+    t = table(*BASE, proc(300, 1, "bash run.sh", pgid=300, sid=300),
+              proc(301, 300, "python server.py", pgid=300, sid=300),
+              proc(302, 301, "python keeper.py --protected", pgid=300, sid=300),
+              proc(303, 300, "python preprocess.py", pgid=300, sid=300),
+              proc(400, 1, VLLM_LOOKALIKE, uid=OTHER))
+    sel = select_targets(t, dev(301), default_policy(protect=["--protected"]))
+    assert found(sel) == {301: "device_fd"}
+    rel = {pid: c.found_by for pid, c in sel.related.items()}
+    assert rel == {302: "descendant", 300: "parent", 303: "process_group", 400: "spared"}
+    assert sel.related[302].seed_pid == 301
+    assert "not a target: protect pattern --protected" in sel.related[302].detail
+    assert SELF not in sel.related and 800 not in sel.related

@@ -5,8 +5,10 @@ nvidia-smi run is tens to hundreds of milliseconds, which matters when polling m
 Both backends return the same dataclasses. Where neither works (no driver, as on a CI machine:
 pynvml raises NVMLError_LibraryNotFound), `open_backend` returns None with the reasons.
 
-Note for containers: the process PIDs NVML and nvidia-smi report are host PIDs; they are
-reported as such, and only counted (never matched to local processes) by the reaper.
+Note for containers: the process PIDs NVML and nvidia-smi report are host PIDs (the driver
+does not know pid namespaces); they are reported as such. The reaper matches one to a local
+process only where that pid is a local process holding a CUDA context (same pid namespace: a
+bare host, or the Proxmox host reaping a container); inside a container they match nothing.
 """
 from __future__ import annotations
 
@@ -43,12 +45,18 @@ class GpuInfo:
 
 @dataclass
 class GpuMemory:
-    """What the reaper polls: per GPU, memory used and how many compute processes hold it."""
+    """What the reaper polls: per GPU, memory used, and the compute processes that hold it
+    with their own memory (NVML's nvmlDeviceGetComputeRunningProcesses, or nvidia-smi
+    --query-compute-apps): the reaper leaves out of its check what the processes it spared
+    hold."""
     index: int
     uuid: str
     used_mib: int
     total_mib: int
     processes: Optional[int]       # None where the backend could not list them
+    # per compute process (host pids, see the module doc); None where the backend could not
+    # list them; a used_mib of None where the driver does not say (no privilege, some vGPU/MIG)
+    process_memory: Optional[List[GpuProcess]] = None
 
 
 @dataclass
@@ -78,18 +86,18 @@ class NvmlBackend:
         try:
             import pynvml  # nvidia-ml-py
         except ImportError as exc:
-            raise BackendUnavailable("pynvml (nvidia-ml-py) not importable: %s" % exc)
+            raise BackendUnavailable("pynvml (nvidia-ml-py) not importable: %s" % exc) from exc
         self.nv = pynvml
         try:
             pynvml.nvmlInit()
         except Exception as exc:      # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-            raise BackendUnavailable("NVML: %s (%s)" % (exc, type(exc).__name__))
+            raise BackendUnavailable("NVML: %s (%s)" % (exc, type(exc).__name__)) from exc
         try:
             count = pynvml.nvmlDeviceGetCount()
             self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except Exception as exc:
             self.close()
-            raise BackendUnavailable("NVML: %s (%s)" % (exc, type(exc).__name__))
+            raise BackendUnavailable("NVML: %s (%s)" % (exc, type(exc).__name__)) from exc
 
     def close(self) -> None:
         try:
@@ -129,7 +137,8 @@ class NvmlBackend:
             procs = self._processes(h)
             out.append(GpuMemory(index=i, uuid=_text(self.nv.nvmlDeviceGetUUID(h)), used_mib=used,
                                  total_mib=total,
-                                 processes=None if procs is None else len(procs)))
+                                 processes=None if procs is None else len(procs),
+                                 process_memory=procs))
         return out
 
     def gpus(self) -> List[GpuInfo]:
@@ -195,11 +204,10 @@ class SmiBackend:
 
     def _run(self, args: List[str]) -> str:
         try:
-            proc = subprocess.run([self.path] + args, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, universal_newlines=True,
-                                  timeout=SMI_TIMEOUT)
+            proc = subprocess.run([self.path] + args, capture_output=True, text=True,
+                                  timeout=SMI_TIMEOUT, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BackendUnavailable("nvidia-smi %s: %s" % (" ".join(args[:1]), exc))
+            raise BackendUnavailable("nvidia-smi %s: %s" % (" ".join(args[:1]), exc)) from exc
         if proc.returncode != 0:
             msg = (proc.stdout + proc.stderr).strip().splitlines()
             raise BackendUnavailable("nvidia-smi %s: exit %d: %s" % (
@@ -237,7 +245,8 @@ class SmiBackend:
         return [GpuMemory(index=int(r["index"]), uuid=r["uuid"],
                           used_mib=_int_or_none(r["memory.used"]) or 0,
                           total_mib=_int_or_none(r["memory.total"]) or 0,
-                          processes=None if apps is None else len(apps.get(r["uuid"], [])))
+                          processes=None if apps is None else len(apps.get(r["uuid"], [])),
+                          process_memory=None if apps is None else apps.get(r["uuid"], []))
                 for r in rows]
 
     def gpus(self) -> List[GpuInfo]:

@@ -3,16 +3,22 @@
 The field fix was `kill -9` of every python3 process, `fuser -k /dev/nvidia*` and `sleep 3`:
 it kills unrelated work and guesses at timing. Here:
 1. select (proc/select.py): GPU compute processes (holders of /dev/nvidia* with a CUDA context,
-   i.e. /dev/nvidia-uvm mapped), SGLang/vLLM worker names, the server's cgroups,
-   grown to their trees and orphaned groups; never our own ancestry, protected work or
-   infrastructure;
+   i.e. /dev/nvidia-uvm mapped), the server's cgroups, and SGLang/vLLM worker names within
+   `pattern_scope` (by default the reaping user's processes that hold a CUDA context or live in
+   a servelab server cgroup: a name alone is not enough), grown to their trees and orphaned
+   groups; never our own ancestry, protected work, infrastructure or a terminal multiplexer's
+   other windows;
 2. end them through proc/terminate.py, the one function that signals (SIGTERM, wait up to
    `grace` for each to exit, then SIGKILL, or `cgroup.kill` for a cgroup with nothing protected
    inside, wait up to `kill_timeout`; a pid reused meanwhile is never hit; a zombie whose parent
    is not us counts as gone: it has released its memory and device files);
 3. rescan (a process may have forked while we waited) for a bounded number of rounds;
-4. poll GPU memory until every GPU is back to the baseline or `memory_timeout` passes: no
-   fixed sleeps anywhere; every wait ends as soon as its condition holds.
+4. report every process that disappeared meanwhile: targets (killed, survivors, vanished) and
+   the non-targets tied to them (a child that died with its parent, a launcher that quit when
+   its workers died: vanished, `side_effect`);
+5. poll GPU memory until every GPU is back to the baseline or `memory_timeout` passes, leaving
+   out what the processes the reap spared (protected work, other users' jobs) hold, per process
+   as NVML reports it: no fixed sleeps anywhere; every wait ends as soon as its condition holds.
 
 Standard library only; pynvml is used when importable (see gpu/query.py).
 """
@@ -26,17 +32,18 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import BACKENDS, GpuMemory, open_backend
 from ansible_collections.servelab.serving.plugins.module_utils.proc import terminate as proc_terminate
 from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup import (
-    DEFAULT_CONTAINER_CGROUP_GLOBS, CgroupDir, container_bases, container_cgroup_dirs,
-    member_pids, resolve_cgroup_dirs, v2_root,
+    DEFAULT_CONTAINER_CGROUP_GLOBS, PARENT as SERVER_CGROUP_PARENT, CgroupDir, container_bases,
+    container_cgroup_dirs, member_pids, resolve_cgroup_dirs, v2_root,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import (
-    DeviceHit, DeviceMatcher, find_device_holders, mapped_device_files,
+    DeviceMatcher, find_device_holders, holds_cuda_context, split_compute_holders,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
-    ProcInfo, read_stat, scan_processes, still_running,
+    ProcInfo, read_process, read_stat, scan_processes, still_running,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.select import (
-    DEFAULT_PATTERNS, Candidate, Selection, SelectionPolicy, compile_patterns, select_targets,
+    DEFAULT_PATTERNS, PATTERN_SCOPE_OWN_GPU, PATTERN_SCOPES, Candidate, Selection,
+    SelectionPolicy, compile_patterns, select_targets,
 )
 
 GPU_BACKENDS = BACKENDS + ("none",)
@@ -56,6 +63,10 @@ class ReapOptions:
     # GPU memory). "" = every holder of device_glob counts, as with fuser.
     compute_device_glob: str = "/dev/nvidia-uvm"
     patterns: Sequence[str] = DEFAULT_PATTERNS
+    # How far a pattern match alone reaches (proc/select.py): own_gpu = the reaping user's
+    # processes with a CUDA context or in a servelab server cgroup; own = the reaping user's;
+    # any = everyone's.
+    pattern_scope: str = PATTERN_SCOPE_OWN_GPU
     protect: Sequence[str] = ()
     protect_pids: Sequence[int] = ()
     grace: float = 10.0
@@ -90,6 +101,27 @@ class ProcessReport:
     container_pid: Optional[int] = None         # pid inside its container (host variant)
     signal: Optional[str] = None                # SIGTERM | SIGKILL | cgroup.kill (what ended it)
     state: Optional[str] = None                 # survivors: state when we gave up (D = in kernel)
+    # vanished only: not a target, tied to one (found_by says how: descendant, parent,
+    # process_group, session, spared), and it exited during the reap without a signal of ours
+    side_effect: bool = False
+
+
+@dataclass
+class ExcludedProcess:
+    """A GPU process the reap spared, whose memory is left out of the memory check."""
+    pid: int                                    # as NVML/nvidia-smi lists it (= the local pid)
+    name: str
+    used_mib: int
+    reason: str                                 # why it is not a target
+
+
+@dataclass
+class MemoryExclusion:
+    """Per GPU (of memory_after): the memory of spared processes left out of the check."""
+    index: int
+    uuid: str
+    excluded_mib: int
+    processes: List[ExcludedProcess] = field(default_factory=list)
 
 
 @dataclass
@@ -98,13 +130,15 @@ class ReapResult:
     killed: List[ProcessReport] = field(default_factory=list)
     would_kill: List[ProcessReport] = field(default_factory=list)
     survivors: List[ProcessReport] = field(default_factory=list)
-    # targets that exited while the reap ran without a signal of ours ending them (gone before
-    # it was signalled, or it ignored SIGTERM and left on its own)
+    # processes that exited while the reap ran without a signal of ours ending them: targets
+    # (gone before they were signalled, or they ignored SIGTERM and left on their own), and the
+    # non-targets tied to a target (side_effect: a child that died with its parent, ...)
     vanished: List[ProcessReport] = field(default_factory=list)
     spared: List[Dict[str, object]] = field(default_factory=list)
     memory_before: List[GpuMemory] = field(default_factory=list)
     memory_after: List[GpuMemory] = field(default_factory=list)
     memory_clean: Optional[bool] = None         # None: no GPU to check
+    memory_excluded: List[MemoryExclusion] = field(default_factory=list)
     memory_source: str = "none"
     memory_note: Optional[str] = None
     cgroups: List[CgroupDir] = field(default_factory=list)
@@ -147,6 +181,9 @@ def validate(opts: ReapOptions) -> Dict[str, list]:
     if opts.memory_threshold_mib < 0:
         raise ReapInputError("memory_threshold_mib: must be >= 0 (got %r)"
                              % opts.memory_threshold_mib)
+    if opts.pattern_scope not in PATTERN_SCOPES:
+        raise ReapInputError("pattern_scope: %r is not one of %s" % (
+            opts.pattern_scope, ", ".join(PATTERN_SCOPES)))
     if opts.gpu_backend not in GPU_BACKENDS:
         raise ReapInputError("gpu_backend: %r is not one of %s"
                              % (opts.gpu_backend, ", ".join(GPU_BACKENDS)))
@@ -165,17 +202,17 @@ def validate(opts: ReapOptions) -> Dict[str, list]:
         try:
             opts.memory_baseline_mib = {int(k): int(v) for k, v in b.items()}
         except (TypeError, ValueError):
-            raise ReapInputError(fix)
+            raise ReapInputError(fix) from None
     elif isinstance(b, (list, tuple)):
         try:
             opts.memory_baseline_mib = [int(v) for v in b]
         except (TypeError, ValueError):
-            raise ReapInputError(fix)
+            raise ReapInputError(fix) from None
     elif b is not None and not isinstance(b, int):
         try:
             opts.memory_baseline_mib = int(b)
         except (TypeError, ValueError):
-            raise ReapInputError(fix)
+            raise ReapInputError(fix) from None
     if opts.container is not None:
         if not str(opts.container).strip().isdigit():
             raise ReapInputError("container: %r must be the container's numeric vmid, e.g. 129"
@@ -208,37 +245,61 @@ def _outcome_report(o: proc_terminate.ProcessOutcome, cand: Candidate,
     return rep
 
 
-def _split_compute(holders: Dict[int, DeviceHit], compute_matcher: Optional[DeviceMatcher],
-                   opts: ReapOptions):
-    """(compute holders, the others): only processes with a CUDA context are GPU users, and
-    what tells a context from an NVML client is the mapping, not the open file."""
-    if compute_matcher is None:
-        return holders, {}
-    compute: Dict[int, DeviceHit] = {}
-    others: Dict[int, DeviceHit] = {}
-    for pid, hit in holders.items():
-        if mapped_device_files(pid, compute_matcher, opts.proc_root):
-            compute[pid] = hit
-        else:
-            others[pid] = hit
-    return compute, others
+def _owner_uid(table: Dict[int, ProcInfo], scope: Optional[Set[int]]) -> int:
+    """The user the reap acts for, whose pattern matches it may take: the reaper's effective
+    uid; from the Proxmox host, the container's root as the host sees it (its init's uid:
+    100000 in an unprivileged PVE container, 0 in a privileged one), since that is who would
+    reap from inside."""
+    if scope is not None:
+        inits = [table[p] for p in scope if p in table and table[p].namespace_init]
+        if inits:
+            init = min(inits, key=lambda i: len(i.nspid))     # the container's, not a nested one
+            if init.uid is not None:
+                return init.uid
+    return os.geteuid()
+
+
+def _server_cgroup_members(bases: Sequence[str]) -> Dict[int, str]:
+    """pid -> servelab server cgroup (`<base>/servelab/<name>`, where llm_server starts each
+    server) for every process in one."""
+    members: Dict[int, str] = {}
+    for base in bases:
+        parent = os.path.join(base, SERVER_CGROUP_PARENT)
+        try:
+            names = sorted(os.listdir(parent))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(parent, name)
+            if os.path.isdir(path):
+                for pid in member_pids(path):
+                    members.setdefault(pid, path)
+    return members
 
 
 # ---------------------------------------------------------------------------------------------
 # Memory
 
 
-def memory_is_clean(gpu: GpuMemory, baseline: Optional[int], threshold: int) -> bool:
-    """Back to baseline: with a baseline, used <= baseline + threshold (other work may stay);
-    without one, no compute process and used <= threshold."""
+def memory_is_clean(gpu: GpuMemory, baseline: Optional[int], threshold: int,
+                    exclusion: Optional[MemoryExclusion] = None) -> bool:
+    """Back to baseline, leaving out what spared processes hold (exclusion): with a baseline,
+    used <= baseline + threshold (other work may stay); without one, no compute process other
+    than spared ones and used <= threshold."""
+    used = gpu.used_mib - (exclusion.excluded_mib if exclusion else 0)
     if baseline is not None:
-        return gpu.used_mib <= baseline + threshold
-    return gpu.used_mib <= threshold and not gpu.processes
+        return used <= baseline + threshold
+    others = gpu.processes
+    if others is not None and exclusion is not None:
+        others -= len(exclusion.processes)
+    return used <= threshold and not others
 
 
-def _all_clean(mem: List[GpuMemory], opts: ReapOptions) -> bool:
+def _all_clean(mem: List[GpuMemory], opts: ReapOptions,
+               exclusions: Sequence[MemoryExclusion] = ()) -> bool:
+    by_index = {e.index: e for e in exclusions}
     return all(memory_is_clean(g, baseline_for(opts.memory_baseline_mib, g.index),
-                               opts.memory_threshold_mib) for g in mem)
+                               opts.memory_threshold_mib, by_index.get(g.index)) for g in mem)
 
 
 def _read_memory(backend, opts: ReapOptions) -> List[GpuMemory]:
@@ -250,7 +311,89 @@ def _read_memory(backend, opts: ReapOptions) -> List[GpuMemory]:
     return [g for g in mem if str(g.index) in wanted or g.uuid in wanted]
 
 
-def _wait_memory(backend, opts: ReapOptions) -> List[GpuMemory]:
+class SparedGpuProcesses:
+    """Which of the pids NVML lists are processes the reap spared (protected, another user's,
+    outside the container, no rule selects them): their memory is theirs to keep, so the check
+    leaves it out.
+
+    NVML names processes by host pid. A pid counts only if it is, here and now, a process that
+    holds a CUDA context and was never a target: in a container's own pid namespace a host pid
+    names some unrelated local process or none (it is then left in, and said so in
+    memory_note), and a target's pid is never excused, whatever holds it now."""
+
+    def __init__(self, targets: Set[int], reasons: Dict[int, str], matcher: DeviceMatcher,
+                 compute_matcher: Optional[DeviceMatcher], opts: ReapOptions,
+                 scope: Optional[Set[int]]) -> None:
+        self.targets = targets
+        self.reasons = reasons
+        self.matcher = matcher
+        self.compute_matcher = compute_matcher
+        self.opts = opts
+        self.scope = scope
+        self._known: Dict[int, Optional[Tuple[str, str]]] = {}    # pid -> (name, reason)
+
+    def spared(self, pid: int) -> Optional[Tuple[str, str]]:
+        """(name, why it is not a target) if pid is a spared CUDA process here, else None.
+        Decided once per pid: polls come every 20 ms, and a pid is not reused that fast."""
+        if pid not in self._known:
+            self._known[pid] = self._decide(pid)
+        return self._known[pid]
+
+    def _decide(self, pid: int) -> Optional[Tuple[str, str]]:
+        if pid in self.targets:
+            return None
+        info = read_process(pid, self.opts.proc_root)
+        if info is None or info.gone or not holds_cuda_context(
+                pid, self.matcher, self.compute_matcher, self.opts.scan_maps,
+                self.opts.proc_root):
+            return None
+        if pid in self.reasons:
+            why = self.reasons[pid]
+        elif self.scope is not None and pid not in self.scope:
+            why = "outside container %s (not this reap's to end)" % self.opts.container
+        else:
+            why = "not a target (no rule selects it)"
+        return info.comm, why
+
+    def exclusions(self, mem: List[GpuMemory]) -> List[MemoryExclusion]:
+        out: List[MemoryExclusion] = []
+        for g in mem:
+            kept: List[ExcludedProcess] = []
+            for p in g.process_memory or ():
+                found = self.spared(p.pid) if p.used_mib is not None else None
+                if found is not None:
+                    kept.append(ExcludedProcess(pid=p.pid, name=found[0], used_mib=p.used_mib,
+                                                reason=found[1]))
+            out.append(MemoryExclusion(index=g.index, uuid=g.uuid,
+                                       excluded_mib=sum(k.used_mib for k in kept),
+                                       processes=kept))
+        return out
+
+    def notes(self, mem: List[GpuMemory], source: str) -> List[str]:
+        """What the check could not leave out, and why (for memory_note)."""
+        if any(g.process_memory is None for g in mem):
+            return ["%s lists no per-process GPU memory here: the memory of protected or "
+                    "spared processes is not left out of the check (give memory_baseline_mib "
+                    "for work that stays)" % source]
+        notes: List[str] = []
+        foreign = ["GPU%d pid %d (%s MiB)" % (g.index, p.pid, p.used_mib)
+                   for g in mem for p in g.process_memory or ()
+                   if p.pid not in self.targets and self.spared(p.pid) is None]
+        if foreign:
+            notes.append("counted, not attributed to a spared process here: %s (not a CUDA "
+                         "process of this pid namespace: inside a container NVML reports host "
+                         "pids; give memory_baseline_mib for their work, or reap from the "
+                         "Proxmox host)" % ", ".join(foreign))
+        unknown = ["GPU%d pid %d" % (g.index, p.pid) for g in mem for p in g.process_memory or ()
+                   if p.used_mib is None and self.spared(p.pid) is not None]
+        if unknown:
+            notes.append("the driver reports no memory for spared process(es) %s: not left "
+                         "out" % ", ".join(unknown))
+        return notes
+
+
+def _wait_memory(backend, opts: ReapOptions, spared: SparedGpuProcesses
+                 ) -> Tuple[List[GpuMemory], List[MemoryExclusion]]:
     """Poll until clean or timeout. The driver frees a dead process's memory some hundreds of
     milliseconds after the process is gone, so this is where most of the time goes; NVML reads
     are cheap enough to poll every 20 ms, nvidia-smi runs back off to poll_interval."""
@@ -259,9 +402,10 @@ def _wait_memory(backend, opts: ReapOptions) -> List[GpuMemory]:
     delay = 0.005
     while True:
         mem = _read_memory(backend, opts)
+        excl = spared.exclusions(mem)
         left = deadline - time.monotonic()
-        if _all_clean(mem, opts) or left <= 0:
-            return mem
+        if _all_clean(mem, opts, excl) or left <= 0:
+            return mem, excl
         time.sleep(min(delay, left))
         delay = min(delay * 2, cap)
 
@@ -313,6 +457,10 @@ def reap(opts: ReapOptions) -> ReapResult:
         owned_groups: Set[int] = set()     # groups/sessions of reaped trees: what appears in
         owned_sessions: Set[int] = set()   # them later was forked by a target meanwhile
         unsettled: List[Tuple[proc_terminate.ProcessOutcome, Candidate]] = []   # survivors
+        why_not: Dict[int, str] = {}       # pid -> why it is not a target (memory exclusions)
+        watched: Dict[int, Tuple[ProcInfo, Candidate]] = {}   # non-targets tied to targets
+        planned: Set[int] = set()          # check mode: what would be signalled
+        scope: Optional[Set[int]] = None
         for round_no in range(max(1, opts.rounds)):
             t0 = time.monotonic()
             table = scan_processes(opts.proc_root)
@@ -326,13 +474,17 @@ def reap(opts: ReapOptions) -> ReapResult:
             holders = find_device_holders(
                 [p for p in table if scope is None or p in scope], matcher,
                 scan_maps=opts.scan_maps, proc_root=opts.proc_root)
-            holders, no_compute = _split_compute(holders, compute_matcher, opts)
+            holders, no_compute = split_compute_holders(holders, compute_matcher, opts.proc_root)
             policy = SelectionPolicy(
                 self_pid=self_pid, patterns=compiled["patterns"], protect=compiled["protect"],
                 protect_pids=list(opts.protect_pids), builtin_protect=opts.builtin_protect,
                 scope=scope, cgroup_members=members, exclude=handled,
-                owned_groups=owned_groups, owned_sessions=owned_sessions)
+                owned_groups=owned_groups, owned_sessions=owned_sessions,
+                pattern_scope=opts.pattern_scope, owner_uid=_owner_uid(table, scope),
+                server_cgroup_members=_server_cgroup_members(bases))
             sel = select_targets(table, holders, policy)
+            for pid, why in list(sel.never.items()) + list(sel.spared.items()):
+                why_not.setdefault(pid, why)
             if round_no == 0:
                 result.cgroups = cgdirs
                 spared = dict(sel.spared)
@@ -350,9 +502,12 @@ def reap(opts: ReapOptions) -> ReapResult:
             if opts.check_mode:
                 result.would_kill = [_candidate_report(table[c.pid], c, container)
                                      for c in sel.targets.values()]
+                planned = set(sel.targets)
                 break
             if not sel.targets:
                 break
+            for pid, cand in sel.related.items():
+                watched.setdefault(pid, (table[pid], cand))
             handled.update(sel.targets)
             for pid in sel.targets:
                 info = table[pid]
@@ -381,17 +536,45 @@ def reap(opts: ReapOptions) -> ReapResult:
 
         if backend is not None:
             t0 = time.monotonic()
+            spared_gpu = SparedGpuProcesses(handled | planned, why_not, matcher,
+                                            compute_matcher, opts, scope)
             if opts.wait_memory and not opts.check_mode:
-                result.memory_after = _wait_memory(backend, opts)
+                result.memory_after, result.memory_excluded = _wait_memory(
+                    backend, opts, spared_gpu)
             else:
                 result.memory_after = _read_memory(backend, opts)
+                result.memory_excluded = spared_gpu.exclusions(result.memory_after)
             result.phases["memory_wait_s"] = time.monotonic() - t0
-            result.memory_clean = _all_clean(result.memory_after, opts)
+            result.memory_clean = _all_clean(result.memory_after, opts, result.memory_excluded)
+            notes = spared_gpu.notes(result.memory_after, backend.source)
+            if notes:
+                result.memory_note = "; ".join(notes)
+        # last, after the memory wait: a process that dies because a target died (its pipe
+        # closed, its parent-death signal) may take a moment to go
+        result.vanished += _side_effects(watched, handled, result, container, opts.proc_root)
     finally:
         if backend is not None:
             backend.close()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _side_effects(watched: Dict[int, Tuple[ProcInfo, Candidate]], handled: Set[int],
+                  result: ReapResult, container: bool, proc_root: str) -> List[ProcessReport]:
+    """Non-targets tied to a target (select.related) that are gone now: no signal of ours
+    reached them, ending a target did (or they left on their own meanwhile: the reap cannot
+    tell, and says only that they disappeared while it ran)."""
+    reported = {r.pid for r in result.killed + result.survivors + result.vanished}
+    out: List[ProcessReport] = []
+    for pid in sorted(watched):
+        info, cand = watched[pid]
+        if pid in handled or pid in reported:
+            continue
+        if not still_running(pid, info.start_time, proc_root):
+            rep = _candidate_report(info, cand, container)
+            rep.side_effect = True
+            out.append(rep)
+    return out
 
 
 def _candidates(outcome: proc_terminate.TerminationResult, sel: Selection,

@@ -15,7 +15,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Set
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import PROC, read_proc_file
 
@@ -37,7 +37,7 @@ class DeviceMatcher:
     stat_all: bool = False
 
     @classmethod
-    def from_glob(cls, pattern: str) -> "DeviceMatcher":
+    def from_glob(cls, pattern: str) -> DeviceMatcher:
         rdevs: Set[int] = set()
         for path in glob.glob(pattern):
             try:
@@ -124,3 +124,33 @@ def find_device_holders(pids: Iterable[int], matcher: DeviceMatcher, scan_maps: 
             if paths:
                 holders[pid] = DeviceHit("device_mmap", paths)
     return holders
+
+
+def split_compute_holders(holders: Dict[int, DeviceHit],
+                          compute_matcher: Optional[DeviceMatcher], proc_root: str = PROC
+                          ) -> Tuple[Dict[int, DeviceHit], Dict[int, DeviceHit]]:
+    """(holders with a CUDA context, the others). What tells a context from an NVML client
+    is the mapping of the compute device (/dev/nvidia-uvm), not the open file: nvidia-smi and
+    DCGM open the same nodes, uvm included, but map none of it. No compute_matcher: every
+    holder counts (as with fuser)."""
+    if compute_matcher is None:
+        return dict(holders), {}
+    compute: Dict[int, DeviceHit] = {}
+    others: Dict[int, DeviceHit] = {}
+    for pid, hit in holders.items():
+        if mapped_device_files(pid, compute_matcher, proc_root):
+            compute[pid] = hit
+        else:
+            others[pid] = hit
+    return compute, others
+
+
+def holds_cuda_context(pid: int, matcher: DeviceMatcher,
+                       compute_matcher: Optional[DeviceMatcher], scan_maps: bool = True,
+                       proc_root: str = PROC) -> bool:
+    """The one process holds a device file of `matcher` and (with a compute_matcher) maps the
+    compute device: what find_device_holders + split_compute_holders decide for a whole table,
+    for one pid (the reaper asks it about the pids NVML lists)."""
+    if pid not in find_device_holders([pid], matcher, scan_maps, proc_root):
+        return False
+    return compute_matcher is None or bool(mapped_device_files(pid, compute_matcher, proc_root))

@@ -1,20 +1,43 @@
 """Which processes the reaper may kill: a pure function of a process table and a policy.
 
-Seeds are found three ways: processes holding the GPU device files, processes whose command line
-(or kernel name) matches a pattern, processes in the server's cgroups. The selection then grows
-to what belongs to a seed:
-- its descendants;
+Seeds are found three ways:
+- processes holding the GPU device files with a CUDA context (whoever owns them: a context
+  pins GPU memory, and the GPU is what the reap frees);
+- processes in the server's cgroups (`cgroups`);
+- processes whose command line (or kernel name) matches a pattern. A pattern is only a name, and
+  names are easy to share: another user's `python train.py --note "vllm serve"`, an editor on
+  `sglang serve` notes, a tmux server started as `tmux new 'vllm serve ...'`. So a match alone
+  takes a process only within `pattern_scope`:
+    own_gpu (default): it runs as the user the reap acts for (the reaper's effective uid; from
+             the Proxmox host, the container's root) AND it holds a CUDA context or lives in a
+             servelab server's cgroup (`<cgroup root>/servelab/...`, where llm_server starts
+             servers);
+    own:     it runs as that user, GPU or not;
+    any:     every match (the behaviour before pattern_scope existed).
+  Every match left out is reported in `spared` with the reason.
+
+The selection then grows to what belongs to a seed:
+- its descendants, never below a terminal multiplexer, login/session manager or login shell
+  (a tmux server's windows are the user's sessions, not the seed's tree);
 - the process group and the session it leads;
 - the process group it sits in when that group's leader is gone (an orphaned server tree:
   the launcher died, its workers were reparented to init but kept their group id).
-A group or session led by a live process that is not a target is never taken as a whole: that
-leader is the user's shell or script, and its other jobs are not ours.
+The rule behind it: a group or session is taken whole only when its leader is itself a target
+(the seed leads it: its members are its forks) or, for a group, gone. A group or session led by
+a live process that is not a target is never taken as a whole: that leader is the user's shell,
+tmux pane or script, and its other jobs (sibling windows, the next command) are not ours. So a
+seed inside a tmux window takes its own subtree and its own job's group, never sibling windows.
 
 Never selected, whatever matches: PID 1 and the init of any nested pid namespace (a container's
 init), kernel threads, the reaper itself and its ancestors (the Ansible connection that runs it),
-built-in infrastructure (sshd, Ansible, the NVIDIA daemons, LXC: those processes themselves, not
-what runs under them), and whatever `protect` patterns or `protect_pids` name, with their
-descendants (protecting a job protects its workers).
+built-in infrastructure (sshd, Ansible, the NVIDIA daemons, LXC, terminal multiplexers and
+session managers: those processes themselves, not what runs under them), and whatever `protect`
+patterns or `protect_pids` name, with their descendants (protecting a job protects its workers).
+
+For the report, the selection also lists the non-targets whose fate is tied to a target's
+(`related`: its other descendants, its parent, its group and session, the spared matches): when
+one of them exits during the reap (a child killed by its parent's exit, a launcher that quits
+when its workers die, a group hung up), the reaper reports it instead of losing it.
 """
 from __future__ import annotations
 
@@ -48,6 +71,12 @@ DEFAULT_PATTERNS = (
     r"(^|\s)-m\s+vllm\.entrypoints\.",
 )
 
+# How far a pattern match alone reaches (see the module doc).
+PATTERN_SCOPE_OWN_GPU = "own_gpu"
+PATTERN_SCOPE_OWN = "own"
+PATTERN_SCOPE_ANY = "any"
+PATTERN_SCOPES = (PATTERN_SCOPE_OWN_GPU, PATTERN_SCOPE_OWN, PATTERN_SCOPE_ANY)
+
 # Kernel names (comm) that are never targets: the connection Ansible came in on, GPU
 # infrastructure daemons that legitimately hold /dev/nvidia* (killing nv-fabricmanager takes an
 # NVSwitch system's GPUs down), and LXC plumbing. Exact match on comm.
@@ -61,11 +90,22 @@ BUILTIN_PROTECTED_NAMES = frozenset((
 BUILTIN_PROTECTED_CMDLINE = re.compile(
     r"(^|[\s/])ansible(-playbook|-runner|-connection|-pull|-console)?(\s|$)|AnsiballZ_")
 
+# Processes that hold other people's sessions: terminal multiplexers (tmux renames its server
+# "tmux: server", keeping the command line it was started with, which may well say
+# `vllm serve`), login and session managers, `systemd --user` and its (sd-pam). Exact match on
+# comm. Such a process is never a target, and its subtree is never a seed's tree.
+SESSION_MANAGER_COMM = re.compile(
+    r"^(tmux(: (server|client))?|tmate|screen|SCREEN|zellij|dtach|abduco|mosh-server|"
+    r"sshd(-session|-auth)?|login|su|sudo|systemd|\(sd-pam\)|agetty|getty|script|"
+    r"gdm-session-wor|sddm-helper|lightdm|xrdp|xrdp-sesman)$")
+
 
 @dataclass(frozen=True)
 class Candidate:
     pid: int
-    # device_fd, device_mmap, pattern, cgroup (seeds); descendant, process_group, session
+    # seeds: device_fd, device_mmap, pattern, cgroup; growth: descendant, process_group,
+    # session; related (non-targets, Selection.related): descendant, parent, process_group,
+    # session, spared
     found_by: str
     seed_pid: Optional[int]       # the seed it was reached from (None for seeds)
     detail: str                   # device path, pattern, cgroup dir, or how it relates
@@ -83,13 +123,23 @@ class SelectionPolicy:
     exclude: Set[int] = field(default_factory=set)         # already handled (earlier rounds)
     owned_groups: Set[int] = field(default_factory=set)    # groups/sessions of earlier rounds'
     owned_sessions: Set[int] = field(default_factory=set)  # targets (members are their forks)
+    pattern_scope: str = PATTERN_SCOPE_OWN_GPU
+    # The user the reap acts for (a pattern match of another user is spared); None = unknown,
+    # which spares every match outside pattern_scope `any`.
+    owner_uid: Optional[int] = None
+    # pid -> servelab server cgroup dir (`<cgroup root>/servelab/<name>`): where llm_server
+    # starts servers, so a match in one is a server's process even without a CUDA context.
+    server_cgroup_members: Dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
 class Selection:
     targets: Dict[int, Candidate]
-    spared: Dict[int, str]        # pid -> why it is never touched (only those that matched)
+    spared: Dict[int, str]        # pid -> why it is not taken (only those that matched)
     never: Dict[int, str]         # pid -> why, for every process that must not be signalled
+    # non-targets whose fate is tied to a target's: watched, so that one that exits during the
+    # reap is reported (vanished) instead of silently missing
+    related: Dict[int, Candidate] = field(default_factory=dict)
 
 
 def compile_patterns(field_name: str, patterns: Iterable[str]) -> List[Pattern]:
@@ -100,7 +150,7 @@ def compile_patterns(field_name: str, patterns: Iterable[str]) -> List[Pattern]:
             out.append(re.compile(p))
         except re.error as exc:
             raise ValueError("%s: %r is not a valid regular expression (%s); fix or quote it"
-                             % (field_name, p, exc))
+                             % (field_name, p, exc)) from exc
     return out
 
 
@@ -108,6 +158,16 @@ def _matches(patterns: Sequence[Pattern], info: ProcInfo) -> Optional[str]:
     for pat in patterns:
         if pat.search(info.cmdline) or pat.search(info.comm):
             return pat.pattern
+    return None
+
+
+def session_manager(info: ProcInfo) -> Optional[str]:
+    """Why `info` holds other people's sessions (a terminal multiplexer, a login or session
+    manager, a login shell), or None."""
+    if SESSION_MANAGER_COMM.match(info.comm):
+        return "terminal multiplexer or session manager (%s)" % info.comm
+    if info.cmdline.startswith("-"):          # argv[0] "-bash": how login(1) starts a shell
+        return "login shell (%s)" % info.cmdline.split()[0]
     return None
 
 
@@ -135,6 +195,10 @@ def never_touch(table: Dict[int, ProcInfo], policy: SelectionPolicy) -> Dict[int
                                          BUILTIN_PROTECTED_CMDLINE.search(info.cmdline)):
             # the process only: every login descends from sshd, every service from systemd
             never.setdefault(info.pid, "built-in protection (%s)" % info.comm)
+        elif policy.builtin_protect and session_manager(info):
+            # the process only: a GPU job in one of its windows is still a GPU job
+            never.setdefault(info.pid, "%s: its sessions are the user's"
+                             % session_manager(info))
     for pid, why in protected_roots.items():
         never.setdefault(pid, why)
         for d in descendants(pid, kids):
@@ -142,8 +206,43 @@ def never_touch(table: Dict[int, ProcInfo], policy: SelectionPolicy) -> Dict[int
     return never
 
 
+def pattern_refusal(info: ProcInfo, holds_cuda: bool, policy: SelectionPolicy) -> Optional[str]:
+    """Why a pattern match is not a seed under policy.pattern_scope, or None if it is."""
+    scope = policy.pattern_scope
+    if scope == PATTERN_SCOPE_ANY:
+        return None
+    if policy.owner_uid is None or info.uid != policy.owner_uid:
+        return ("runs as uid %s, not as uid %s the reap acts for (pattern_scope %s; `any` "
+                "takes every user's matches)" % (info.uid, policy.owner_uid, scope))
+    if scope == PATTERN_SCOPE_OWN or holds_cuda or info.pid in policy.server_cgroup_members:
+        return None
+    return ("holds no CUDA context and is in no servelab server cgroup (pattern_scope %s; "
+            "`own` takes the reaping user's matches without a GPU)" % scope)
+
+
+def _subtree(pid: int, kids: Dict[int, List[int]], table: Dict[int, ProcInfo]) -> List[int]:
+    """Descendants of pid, not entering a session manager's subtree (its windows and logins
+    belong to the user, even when the manager itself was started from a seed)."""
+    out: List[int] = []
+    stack = list(kids.get(pid, ()))
+    seen: Set[int] = set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        info = table.get(p)
+        if info is not None and session_manager(info):
+            continue
+        out.append(p)
+        stack.extend(kids.get(p, ()))
+    return out
+
+
 def select_targets(table: Dict[int, ProcInfo], device_hits: Dict[int, DeviceHit],
                    policy: SelectionPolicy) -> Selection:
+    """The targets (device_hits: the CUDA-context holders, see gpu/reap.py) and why the
+    matches left out are left out."""
     never = never_touch(table, policy)
     spared: Dict[int, str] = {}
     targets: Dict[int, Candidate] = {}
@@ -173,9 +272,19 @@ def select_targets(table: Dict[int, ProcInfo], device_hits: Dict[int, DeviceHit]
         add(Candidate(pid, "cgroup", None, policy.cgroup_members[pid]))
     if policy.patterns:
         for pid in sorted(table):
-            pat = _matches(policy.patterns, table[pid])
-            if pat is not None:
-                add(Candidate(pid, "pattern", None, pat))
+            info = table[pid]
+            pat = _matches(policy.patterns, info)
+            if pat is None or pid in targets:
+                continue
+            refusal = pattern_refusal(info, pid in device_hits, policy)
+            if refusal is not None:
+                if eligible(pid):          # a protected match reports its protection instead
+                    spared[pid] = "matches %s but %s" % (pat, refusal)
+                continue
+            detail = pat
+            if pid in policy.server_cgroup_members:
+                detail += " (in servelab server cgroup %s)" % policy.server_cgroup_members[pid]
+            add(Candidate(pid, "pattern", None, detail))
     for pid in sorted(table):
         info = table[pid]
         if info.pgid in policy.owned_groups and info.pgid > 1:
@@ -197,13 +306,18 @@ def select_targets(table: Dict[int, ProcInfo], device_hits: Dict[int, DeviceHit]
 
     def grow_descendants() -> None:
         for pid in list(targets):
-            for d in descendants(pid, kids):
+            if session_manager(table[pid]):    # only with builtin_protect off
+                continue
+            for d in _subtree(pid, kids, table):
                 add(Candidate(d, "descendant", root_of(pid), "descendant of %d" % pid))
 
     def grow_groups() -> bool:
         grown = False
         for pid in list(targets):
             info = table[pid]
+            if session_manager(info):
+                # only with builtin_protect off: a multiplexer's session is still the user's
+                continue
             if info.pgid == pid:
                 for m in by_pgid.get(pid, ()):
                     grown |= add(Candidate(m, "process_group", root_of(pid),
@@ -224,4 +338,51 @@ def select_targets(table: Dict[int, ProcInfo], device_hits: Dict[int, DeviceHit]
         grow_descendants()
         if not grow_groups():
             break
-    return Selection(targets=targets, spared=spared, never=never)
+    for pid in targets:
+        spared.pop(pid, None)      # a refused match that belongs to a target's tree after all
+    sel = Selection(targets=targets, spared=spared, never=never)
+    sel.related = related_processes(table, sel, policy, kids, by_pgid, by_sid)
+    return sel
+
+
+def related_processes(table: Dict[int, ProcInfo], sel: Selection, policy: SelectionPolicy,
+                      kids: Dict[int, List[int]], by_pgid: Dict[int, List[int]],
+                      by_sid: Dict[int, List[int]]) -> Dict[int, Candidate]:
+    """Non-targets whose fate is tied to a target's: every descendant (also below a session
+    manager or protected), the parent, the members of its group and session, and the spared
+    matches. Ending a target can end them too (a child with a parent-death signal or a pipe to
+    its parent, a launcher that exits when its workers die, a group hung up with its leader);
+    the reaper does not signal them, but it reports those that exit during the reap."""
+    skip = {policy.self_pid} | set(ancestors(policy.self_pid, table))
+
+    def why(pid: int) -> str:
+        if pid in sel.never:
+            return sel.never[pid]
+        if pid in sel.spared:
+            return sel.spared[pid]
+        if policy.scope is not None and pid not in policy.scope:
+            return "outside the container"
+        return "no rule selects it"
+
+    related: Dict[int, Candidate] = {}
+
+    def note(pid: int, relation: str, target: Optional[int]) -> None:
+        info = table.get(pid)
+        if (pid in sel.targets or pid in related or pid in skip or pid <= 1 or info is None
+                or info.gone or info.kernel_thread or pid in policy.exclude):
+            return
+        rel = "spared" if target is None else "%s of target %d" % (relation, target)
+        related[pid] = Candidate(pid, relation, target, "%s; not a target: %s" % (rel, why(pid)))
+
+    for pid in sorted(sel.targets):
+        info = table[pid]
+        for d in descendants(pid, kids):
+            note(d, "descendant", pid)
+        note(info.ppid, "parent", pid)
+        for m in by_pgid.get(info.pgid, ()):
+            note(m, "process_group", pid)
+        for m in by_sid.get(info.sid, ()):
+            note(m, "session", pid)
+    for pid in sorted(sel.spared):
+        note(pid, "spared", None)
+    return related
