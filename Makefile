@@ -27,7 +27,7 @@ setup: $(STAMP) $(COLL_STAMP)
 # pins (ansible-core stays 2.19.14); ansible-test builds its own sanity tools' environments.
 lint: setup $(LINT_STAMP)
 	ruff check .
-# ansible-lint (production profile, .ansible-lint): its command goes here.
+	ansible-lint -c .ansible-lint
 	python tools/sanity.py
 
 $(LINT_STAMP): requirements-lint.txt requirements.txt $(STAMP)
