@@ -199,3 +199,19 @@ def test_rollback_report_says_when_the_host_is_not_as_it_was():
     report = filters.rollback_report(T13, dict(PREVIOUS, package_version="13.0.0-1"), FAILURE, back, None,
                                      {"failed": True, "msg": "Version '13.0.0-1' for 'cuda-toolkit-13-0' was not found"})
     assert "could NOT be reinstalled" in report and "Check the host by hand." in report
+
+
+def test_systemd_drop_in_gives_every_service_the_toolkit_environment():
+    """templates/servelab-cuda-systemd.conf.j2: the manager's DefaultEnvironment, one quoted assignment each."""
+    from pathlib import Path
+
+    import jinja2
+
+    template = Path(__file__).resolve().parents[2] / "roles/cuda_toolkit/templates/servelab-cuda-systemd.conf.j2"
+    env = {"CUDA_HOME": "/usr/local/cuda", "PATH": "/usr/local/cuda/bin:/usr/bin:/bin",
+           "LD_LIBRARY_PATH": "/usr/local/cuda/lib64"}
+    text = jinja2.Template(template.read_text(), keep_trailing_newline=True).render(
+        ansible_managed="Ansible managed", cuda_toolkit_link="/usr/local/cuda", cuda_toolkit_env=env)
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines == ["[Manager]", 'DefaultEnvironment="CUDA_HOME=/usr/local/cuda" '
+                     '"LD_LIBRARY_PATH=/usr/local/cuda/lib64" "PATH=/usr/local/cuda/bin:/usr/bin:/bin"']
