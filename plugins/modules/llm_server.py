@@ -22,6 +22,14 @@ description:
     "Skipping allreduce fusion") are returned in C(features_skipped), because a flag is not proof.
   - The simulator engine runs C(plugins/module_utils/simulator.py), shipped with this
     module and written to C(<state_dir>/<name>/servelab_simulator.py).
+  - Secrets reach the server and nothing else. Values of env keys that name a secret (SECRET,
+    PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S) or APIKEY as a word, unless a later word is PATH,
+    FILE, MAP, ...; or a last word KEY, TOKEN, AUTH, PASS, as in C(HF_TOKEN), C(OPENAI_API_KEY)),
+    of flags named so in C(extra_args) or C(command) (C(--api-key X), C(--hf-token=X)), of
+    O(secret_names) and O(api_key) are masked in all of the module's output, failures and the
+    C(-vvv) invocation included, returned redacted in C(cmd), C(cmdline) and C(env), and never
+    written to the state file (0600, in a 0700 directory). The engine's own log may quote them
+    (SGLang logs its arguments); it is 0600 and every log tail returned is redacted.
 version_added: "0.1.0"
 author: servelab (!UNKNOWN)
 options:
@@ -126,6 +134,21 @@ options:
     description: Stop the server (whole tree) when it fails to become ready.
     type: bool
     default: true
+  api_key:
+    description:
+      - The engine's API key. SGLang gets C(--api-key); vLLM does not yet (its readiness probe
+        could not send the key; a warning says the server runs open); the simulator and
+        C(command) ignore it (a note says so).
+      - Never shown or recorded; the config hash of a config with secrets is keyed.
+    type: str
+  secret_names:
+    description:
+      - More names to treat as secrets, beside the built-in rule. An entry starting with C(-)
+        is a flag whose value is secret (C(--license)), any other an env key (C(MY_LICENSE),
+        case-insensitive).
+    type: list
+    elements: str
+    default: []
 notes:
   - Rendering warnings (engine version outside the checked range, deprecated flags) are reported
     as Ansible warnings.
@@ -217,7 +240,7 @@ pid:
   type: int
   returned: when running
 cmd:
-  description: The exact argv.
+  description: The exact argv, secret values replaced by C(<redacted>).
   type: list
   elements: str
   returned: when a profile was rendered or a state file exists
@@ -228,7 +251,8 @@ cmdline:
 env:
   description: >-
     Environment servelab set for the server (module env, profile env, rendered switches such as
-    SGLANG_ENABLE_SPEC_V2); the inherited environment is not listed.
+    SGLANG_ENABLE_SPEC_V2), secret values replaced by C(<redacted>); the inherited environment
+    is not listed.
   type: dict
   returned: same as cmd
 config_hash:
@@ -300,11 +324,35 @@ stopped:
 from ansible.module_utils.basic import AnsibleModule
 # server_manager imports server_simulator, which imports servelab/simulator.py: AnsiballZ follows
 # module_utils imports recursively, so the simulator ships with this module.
+from ansible_collections.servelab.serving.plugins.module_utils import redact
 from ansible_collections.servelab.serving.plugins.module_utils.server.manager import (
     ServerError,
     ServerRequest,
     run,
 )
+
+
+class _Module(AnsibleModule):
+    """AnsibleModule that masks the request's secrets from the first message on.
+
+    no_log_values is filled before validation, so even a validation failure (whose result
+    carries the invocation, every parameter) prints no secret. Ansible calls this hook after
+    loading the parameters; should a later Ansible not, main() adds them right after."""
+
+    def _set_internal_properties(self, *args, **kwargs):
+        super()._set_internal_properties(*args, **kwargs)
+        self.no_log_values.update(_secrets(self.params))
+
+
+def _secrets(params) -> set:
+    """Every secret value in the module's parameters (raw or validated)."""
+    names = params.get("secret_names")
+    rules = redact.Rules.of(names if isinstance(names, list) else [])
+    found = redact.collect_secrets({"profile": params.get("profile"), "env": params.get("env")},
+                                   rules)
+    if params.get("api_key"):
+        found.add(str(params["api_key"]))
+    return found
 
 
 ARGUMENT_SPEC = dict(
@@ -329,15 +377,18 @@ ARGUMENT_SPEC = dict(
     cgroup=dict(type="str", default="auto"),
     verify_flags=dict(type="bool", default=True),
     stop_on_failure=dict(type="bool", default=True),
+    api_key=dict(type="str", no_log=True),
+    secret_names=dict(type="list", elements="str", default=[], no_log=False),
 )
 
 
 def main():
-    module = AnsibleModule(
+    module = _Module(
         argument_spec=ARGUMENT_SPEC,
         required_if=[("state", "started", ("profile",)), ("state", "restarted", ("profile",))],
         supports_check_mode=True,
     )
+    module.no_log_values.update(_secrets(module.params))
     params = dict(module.params)
     params["env"] = {str(k): str(v) for k, v in (params.get("env") or {}).items()}
     request = ServerRequest(check_mode=module.check_mode, **params)

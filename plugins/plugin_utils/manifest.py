@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping
 
 # deep_merge is also re-exported from here: the manifest merges with it.
 from ansible_collections.servelab.serving.plugins.module_utils.mapping import deep_merge
+from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_tree
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     LATEST_LINK,
     MANIFEST,
@@ -161,6 +162,13 @@ def update_latest_link(run_dir: str, check_mode: bool = False) -> tuple[str, boo
     return link, True
 
 
+def redacted(manifest: dict) -> dict:
+    """The manifest as it may be written (0644, mailed with the report): every env dict, command
+    line and text with its secrets blanked, wherever in the merge they came (module_utils/redact.py);
+    a secret value seen anywhere in it is masked everywhere else too (a log tail quoting it)."""
+    return redact_tree(manifest, collect_secrets(manifest))
+
+
 def merge_into_manifest(
     run_dir: str,
     merge: Mapping,
@@ -187,7 +195,7 @@ def merge_into_manifest(
 
     if check_mode and not os.path.isdir(run_dir):
         before = {}
-        after = deep_merge(before, merge)
+        after = redacted(deep_merge(before, merge))
         link = None
         if create_latest_link:
             link, _changed = update_latest_link(run_dir, check_mode=True)
@@ -202,7 +210,7 @@ def merge_into_manifest(
     lock = contextlib.nullcontext() if check_mode else run_lock(run_dir, lock_timeout)
     with lock:
         before = read_manifest(run_dir)
-        after = deep_merge(before, merge)
+        after = redacted(deep_merge(before, merge))
         if record_git_from and "git" not in after:
             after["git"] = git_commit(record_git_from)
             recorded.append("git")

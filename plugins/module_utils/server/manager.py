@@ -4,13 +4,19 @@ started: the same config already serving -> unchanged; a different config, a dea
 that no longer generates -> (re)start. stopped: TERM, grace, KILL the whole tree, confirm the port
 is free. Everything is validated and rendered before any process is touched; check mode stops
 right after deciding.
+
+Secrets (a profile's or the module's env, secret flags in extra_args/command, `api_key`) reach the
+server's process and nothing else: the result, every failure, and the state file carry them
+redacted (module_utils/redact.py), and a config with secrets is compared by a keyed hash.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import os
 import re
+import secrets as secrets_random
 import shlex
 import sys
 import time
@@ -18,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
+from ansible_collections.servelab.serving.plugins.module_utils import redact
 from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as proc_cgroup
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime as proc_lifetime
 from ansible_collections.servelab.serving.plugins.module_utils.server import engine as server_engine
@@ -34,6 +41,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.state impo
 from ansible_collections.servelab.serving.plugins.module_utils.server.versions import VersionError, parse_version
 
 STATES = ("started", "stopped", "restarted")
+# Engines whose API key servelab renders as a flag. vLLM has --api-key too, but it guards /v1/*,
+# where its readiness probe (a 1-token completion) goes, and server/ready.py sends no key yet.
+API_KEY_FLAGS = {"sglang": "--api-key"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -68,6 +78,8 @@ class ServerRequest:
     cgroup: str = "auto"
     verify_flags: bool = True
     stop_on_failure: bool = True
+    api_key: Optional[str] = None       # the engine's API key (SGLang --api-key)
+    secret_names: List[str] = field(default_factory=list)   # redact.Rules.of: names and flags
     check_mode: bool = False
     # Tests inject a stand-in simulator source; the module never sets it.
     simulator_source: Optional[str] = None
@@ -161,7 +173,50 @@ def build_spec(req: ServerRequest) -> tuple:
         raise ServerError(str(exc)) from None
     if warnings:
         spec = dataclasses.replace(spec, warnings=tuple(warnings) + spec.warnings)
-    return spec, sim_source
+    return _with_api_key(spec, req), sim_source
+
+
+def _with_api_key(spec: ServerSpec, req: ServerRequest) -> ServerSpec:
+    """The engine's API key as its flag, where servelab can render it and still probe readiness."""
+    if not req.api_key:
+        return spec
+    flag = API_KEY_FLAGS.get(spec.engine)
+    if spec.engine == "vllm":
+        # A warning: the operator asked for a guarded server and gets an open one.
+        return dataclasses.replace(spec, warnings=spec.warnings + (
+            "api_key is not passed to vllm: its readiness probe (POST /v1/completions) cannot "
+            "send a key yet, so the server runs without one",))
+    if flag is None:
+        why = ("the simulator checks no API key" if spec.engine == "simulator"
+               else "write the engine's own flag into profile.command")
+        return dataclasses.replace(spec, notes=spec.notes + (
+            f"api_key is not passed to the {spec.engine} server ({why})",))
+    if any(part == flag or part.startswith(flag + "=") for part in spec.cmd):
+        raise ServerError(f"api_key is set and the profile's extra_args pass {flag} too; keep "
+                          f"one of them")
+    return dataclasses.replace(spec, cmd=spec.cmd + (flag, req.api_key))
+
+
+def request_secrets(req: ServerRequest) -> tuple:
+    """(rules, the secret values of the request): everything the module was handed, so that
+    even a message raised before rendering (a bad profile quoting its env) is masked."""
+    rules = redact.Rules.of(req.secret_names)
+    found = redact.collect_secrets({"profile": req.profile, "env": dict(req.env or {})}, rules)
+    if req.api_key:
+        found.add(str(req.api_key))
+    return rules, found
+
+
+def keyed_config_hash(spec: ServerSpec, state: Optional[ServerState], secret: bool) -> tuple:
+    """(config hash to record and compare, salt). A config with secrets gets an HMAC of the
+    plain hash under a salt kept in the (0600) state file: the manifest shows the hash, and the
+    plain one would let a weak secret be guessed offline from the rest of the command line."""
+    if not secret:
+        return spec.config_hash, None
+    salt = (state.hash_salt if state is not None and state.hash_salt
+            else secrets_random.token_hex(16))
+    digest = hmac.new(salt.encode(), spec.config_hash.encode(), hashlib.sha256).hexdigest()
+    return digest[:16], salt
 
 
 def _verify_installed_flags(req: ServerRequest, spec: ServerSpec) -> List[str]:
@@ -277,7 +332,7 @@ def cgroup_leaf(name: str, server_dir: str) -> str:
 
 
 def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
-           result: ServerResult) -> None:
+           result: ServerResult, salt: Optional[str], rules: redact.Rules, secrets) -> None:
     directory = server_state.server_dir(req.state_dir, req.name)
     holders = server_ports.listeners(spec.port)
     if holders:
@@ -292,15 +347,25 @@ def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
         launched = launcher.spawn(spec.cmd, spec.env, result.log_path, directory, marker, choice)
     except launcher.LaunchError as exc:
         raise ServerError(str(exc), cmd=list(spec.cmd)) from None
+    # The engine may print its command line (SGLang logs its ServerArgs, api_key included): its
+    # log is for the server's owner only. The directory is 0700 already (state.locked).
+    for path in (launched.log_path, launched.log_path + ".1"):
+        try:
+            os.chmod(path, 0o600)
+        except OSError:
+            pass
     state = ServerState(
         name=req.name, engine=spec.engine, profile=spec.profile_name, status="running",
-        config_hash=spec.config_hash, cmd=list(spec.cmd), env=dict(spec.env), host=spec.host,
+        config_hash=result.config_hash, hash_salt=salt,
+        cmd=redact.redact_tree(list(spec.cmd), secrets, rules),
+        env=redact.redact_tree(dict(spec.env), secrets, rules),
+        host=spec.host,
         port=spec.port, probe_host=spec.probe_host, base_url=spec.base_url, model=spec.model,
         log_path=launched.log_path, marker=marker, pid=launched.pid,
         start_time=launched.start_time, cgroup=launched.cgroup,
         engine_version=spec.engine_version, started_at=time.time(),
         ready=dataclasses.asdict(spec.ready))
-    server_state.save(req.state_dir, state)   # recorded first: a failed wait can still be stopped
+    server_state.save(req.state_dir, state, rules)   # first: a failed wait can still be stopped
     result.pid, result.cgroup, result.cgroup_reason = launched.pid, launched.cgroup, launched.cgroup_reason
     try:
         seconds = wait_ready(spec.probe_host, spec.port, spec.ready, req.ready_timeout,
@@ -329,11 +394,17 @@ def _scan(result: ServerResult, engine: str) -> None:
 
 def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
                    warnings: List[str] = ()) -> ServerResult:
+    rules, secrets = request_secrets(req)
     state = server_state.load(req.state_dir, req.name)
     result = _result_from_spec(spec, req, changed=True, action="started")
+    # Keyed whenever anything would be redacted, short values included (they are not searched
+    # for in text, but they are secrets all the same).
+    has_secret = bool(secrets) or redact.redact_argv(spec.cmd, rules) != list(spec.cmd) \
+        or redact.redact_env(spec.env, rules) != dict(spec.env)
+    result.config_hash, salt = keyed_config_hash(spec, state, has_secret)
     result.warnings += list(warnings)
     running = _running(state)
-    if running and req.state == "started" and state.config_hash == spec.config_hash:
+    if running and req.state == "started" and state.config_hash == result.config_hash:
         def exit_code():
             return None if proc_lifetime.is_alive(state.pid, state.start_time) else "?"
 
@@ -354,7 +425,7 @@ def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[st
             result.action, result.reason = "restarted", f"the running server is not ready: {exc.reason}"
     elif running and req.state == "started":
         result.action = "restarted"
-        result.reason = f"config changed ({state.config_hash} -> {spec.config_hash})"
+        result.reason = f"config changed ({state.config_hash} -> {result.config_hash})"
     elif running:
         result.action, result.reason = "restarted", "state=restarted"
     elif state is not None and state.status == "running":
@@ -367,12 +438,38 @@ def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[st
     if state is not None and _leftovers(state):
         # The old server, or what survived it (a TP worker holding GPU memory), goes first.
         result.stopped = _stop(req, state)
-    _start(req, spec, sim_source, result)
+    _start(req, spec, sim_source, result, salt, rules, secrets)
     _scan(result, spec.engine)
     return result
 
 
+def redact_result(result: ServerResult, rules: redact.Rules, secrets) -> ServerResult:
+    """The result as it may be shown and recorded: argv and env redacted, text masked."""
+    data = redact.redact_tree(result.as_dict(), secrets, rules)
+    data["cmdline"] = shlex.join(data["cmd"])
+    return ServerResult(**data)
+
+
+def redact_error(exc: ServerError, rules: redact.Rules, secrets) -> ServerError:
+    details = redact.redact_tree(exc.details, secrets, rules)
+    if "cmd" in details and "cmdline" in details:
+        details["cmdline"] = shlex.join(details["cmd"])
+    return ServerError(redact.redact_text(exc.msg, secrets, rules), **details)
+
+
 def run(req: ServerRequest) -> ServerResult:
+    """Bring the server to req.state; the result and every ServerError come out redacted."""
+    rules, secrets = request_secrets(req)
+    try:
+        result = _run(req)
+    except ServerError as exc:
+        raise redact_error(exc, rules, secrets) from None
+    except TimeoutError as exc:
+        raise ServerError(redact.redact_text(str(exc), secrets, rules)) from None
+    return redact_result(result, rules, secrets)
+
+
+def _run(req: ServerRequest) -> ServerResult:
     if req.state not in STATES:
         raise ServerError(f"state must be one of {', '.join(STATES)}, got {req.state!r}")
     if req.state == "stopped":

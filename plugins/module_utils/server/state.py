@@ -1,8 +1,14 @@
 """The per-server state file `<state_dir>/<name>/state.json` and the per-server lock.
 
-The state file records what was launched exactly (argv, env servelab set, config hash) and how to
-find it again (PID + start time, cgroup, env marker), so a later task can tell "same server still
+The state file records what was launched (argv, env servelab set, config hash) and how to find
+it again (PID + start time, cgroup, env marker), so a later task can tell "same server still
 serving" from "different config" from "died", and stop everything it forked.
+
+It never holds a secret: argv and env are stored redacted (module_utils/redact.py), and "the same
+config" is decided by the config hash, keyed with `hash_salt` when the config has secrets (the
+manifest shows that hash; unkeyed, a weak API key could be guessed from it offline). The file is
+0600 and the server's directory 0700 all the same: the engine's own log in it may quote its
+command line, secrets included.
 """
 from __future__ import annotations
 
@@ -11,11 +17,12 @@ import dataclasses
 import fcntl
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional
 
-from ansible_collections.servelab.serving.plugins.module_utils.results.contract import atomic_write_json
+from ansible_collections.servelab.serving.plugins.module_utils import redact
 
 STATE_FILE = "state.json"
 LOG_FILE = "server.log"
@@ -45,6 +52,7 @@ class ServerState:
     started_at: Optional[float] = None
     ready_seconds: Optional[float] = None
     ready: dict = field(default_factory=dict)
+    hash_salt: Optional[str] = None   # keys config_hash when the config has secrets
 
 
 def server_dir(state_dir: str, name: str) -> str:
@@ -67,9 +75,38 @@ def load(state_dir: str, name: str) -> Optional[ServerState]:
         return None
 
 
-def save(state_dir: str, state: ServerState) -> str:
-    path = os.path.join(server_dir(state_dir, state.name), STATE_FILE)
-    atomic_write_json(path, dataclasses.asdict(state))
+def _private_directory(directory: str) -> None:
+    """The server's directory, 0700: its log may hold what the engine prints of its secrets."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    try:
+        os.chmod(directory, 0o700)
+    except OSError:   # not ours to change (someone else's state dir): the files stay 0600
+        pass
+
+
+def save(state_dir: str, state: ServerState, rules: redact.Rules = redact.DEFAULT_RULES) -> str:
+    """Atomic and 0600 (mkstemp's mode, kept); argv and env redacted even if the caller forgot,
+    which also cleans a state file an older servelab wrote with secrets in it."""
+    directory = server_dir(state_dir, state.name)
+    _private_directory(directory)
+    data = dataclasses.asdict(state)
+    data["cmd"] = redact.redact_tree(data["cmd"], rules=rules)
+    data["env"] = redact.redact_tree(data["env"], rules=rules)
+    path = os.path.join(directory, STATE_FILE)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return path
 
 
@@ -77,7 +114,7 @@ def save(state_dir: str, state: ServerState) -> str:
 def locked(state_dir: str, name: str, timeout: float = 600.0) -> Iterator[None]:
     """One operation per server at a time (two plays on one host must not both launch it)."""
     directory = server_dir(state_dir, name)
-    os.makedirs(directory, exist_ok=True)
+    _private_directory(directory)
     fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + timeout
     try:

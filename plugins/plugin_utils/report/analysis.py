@@ -2,7 +2,10 @@
 
 Only rows marked `usable` by report_data (not failed, not client-limited, errors within bounds)
 enter speedup ratios used for conclusions, the crossover and the recommendation; the others stay
-visible in the tables with their note.
+visible in the tables with their note. A profile that failed on a host (a failed level, or a
+manifest status other than finished: it crashed, or the run was cut short in it) is never
+recommended there, whatever its other levels measured: a server that stops serving under load is
+not a configuration to serve with.
 """
 
 from __future__ import annotations
@@ -11,6 +14,20 @@ import math
 from dataclasses import dataclass, field
 
 import pandas as pd
+
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import FAILED
+
+# The manifest status of a profile that ran to its end (docs/contracts.md, bench_manifest).
+FINISHED = "finished"
+# Command-line flags that switch speculative decoding on (SGLang, vLLM).
+SPECULATIVE_FLAGS = ("--speculative-algorithm", "--speculative-config", "--speculative-model",
+                     "--speculative-draft-model-path")
+SPEC_ACCEPT = "server_spec_accept_length_mean"
+# Said only when a speculative profile that may be recommended crosses below the baseline.
+SPECULATION_SENTENCE = (
+    " SGLang cannot switch speculation off above a concurrency, so pick the profile for the "
+    "concurrency you expect to serve, or run both and route by load."
+)
 
 
 @dataclass
@@ -267,6 +284,54 @@ def best_profile_segments(host_rows: pd.DataFrame, baseline: str) -> list:
     return segments
 
 
+def failing_profiles(levels: pd.DataFrame, records=()) -> dict:
+    """{(host, profile): why it is not recommended} for every profile that failed on a host.
+
+    A failed level (the server stopped serving: results/level_verdict.py) or a manifest record
+    whose status is not `finished` (failed, or `started` and never finished: crashed or cut
+    short). A record without a status says nothing. `records`: context.ProfileRecord, host "*"
+    for a flat record, which applies to every host."""
+    out: dict = {}
+    if "verdict" in levels.columns:
+        for _index, row in levels[levels["verdict"] == FAILED].iterrows():
+            out.setdefault((str(row["host"]), str(row["profile"])),
+                           f"it failed at C={int(row['concurrency'])}")
+    hosts = sorted(set(levels["host"]))
+    for rec in records:
+        status = (rec.status or "").strip().lower()
+        if not status or status == FINISHED:
+            continue
+        if status == "failed":
+            why = "it failed" + (f" in '{rec.failed_task}'" if rec.failed_task else "")
+        else:
+            why = f"its sweep did not finish (status {status})"
+        for host in hosts if rec.host == "*" else [rec.host]:
+            out.setdefault((host, rec.profile), why)
+    return out
+
+
+def _accept_length(row) -> float | None:
+    metrics = row.get("server_metrics")
+    value = metrics.get(SPEC_ACCEPT) if isinstance(metrics, dict) else None
+    return _num(row.get(SPEC_ACCEPT) if value is None else value)
+
+
+def speculative_profiles(levels: pd.DataFrame, records=()) -> set:
+    """{(host, profile)} that ran with speculative decoding: their command line switches it on,
+    or the server's /metrics reported an acceptance length (the simulator's speculative
+    profiles are known this way: their command line names a simulator profile, not a flag)."""
+    found = set()
+    hosts = sorted(set(levels["host"]))
+    for rec in records:
+        if any(flag in (rec.cmdline or "") for flag in SPECULATIVE_FLAGS):
+            found.update((host, rec.profile) for host in (hosts if rec.host == "*" else [rec.host]))
+    for _index, row in levels.iterrows():
+        accept = _accept_length(row)
+        if accept is not None and accept > 0:
+            found.add((str(row["host"]), str(row["profile"])))
+    return found
+
+
 def _segment_phrase(seg: Segment, baseline: str, last: bool, only: bool) -> str:
     if only:
         where = f"at every usable level ({level_ranges(seg.levels)})"
@@ -284,10 +349,23 @@ def _segment_phrase(seg: Segment, baseline: str, last: bool, only: bool) -> str:
     return phrase
 
 
+def _nothing_to_serve(host_rows: pd.DataFrame, candidates: pd.DataFrame) -> str:
+    """Why no profile is recommended on a host, in words that are true of every profile."""
+    if not host_rows["usable"].any():
+        return "no level is usable, so there is nothing to recommend"
+    if not candidates["usable"].any():
+        return ("no profile that ran without failing has a usable level, so there is nothing "
+                "to recommend")
+    spans = []
+    for profile, rows in candidates.groupby("profile", sort=False):
+        usable = sorted(int(c) for c in rows.loc[rows["usable"], "concurrency"])
+        spans.append(f"{profile} at {level_ranges(usable) if usable else 'none'}")
+    return (f"no level has usable results for every profile ({'; '.join(spans)}), so none can "
+            "be recommended over another")
+
+
 def _serve_phrase(segments: list, baseline: str, crossed: list) -> str:
     """'serve eagle3 at C=1-2 (...), then baseline from C=5 up (...)' for one host."""
-    if not segments:
-        return "no level is usable, so there is nothing to recommend"
     phrases = [
         _segment_phrase(s, baseline, i == len(segments) - 1, len(segments) == 1)
         for i, s in enumerate(segments)
@@ -304,16 +382,33 @@ def _serve_phrase(segments: list, baseline: str, crossed: list) -> str:
     return text
 
 
-def recommend(levels: pd.DataFrame, baseline: str, crossovers: list) -> tuple[list, str]:
-    """Which profile to serve at which concurrency, per host, and one paragraph saying so."""
+def recommend(
+    levels: pd.DataFrame,
+    baseline: str,
+    crossovers: list,
+    failing: dict | None = None,
+    speculative: set | None = None,
+) -> tuple[list, str]:
+    """Which profile to serve at which concurrency, per host, and one paragraph saying so.
+
+    failing: failing_profiles(), never recommended; speculative: speculative_profiles(), the
+    only ones the speculation advice is about."""
+    failing = failing or {}
+    speculative = speculative or set()
     per_host = []
     profiles = profiles_in(levels, baseline)
     for host, host_rows in levels.groupby("host", sort=True):
-        segments = best_profile_segments(host_rows, baseline)
-        crossed = [c for c in crossovers if c.host == host and c.status == "crossed"]
-        per_host.append(
-            HostRecommendation(str(host), segments, _serve_phrase(segments, baseline, crossed))
-        )
+        out = {p: why for (h, p), why in failing.items() if h == host}
+        candidates = host_rows[~host_rows["profile"].isin(list(out))]
+        segments = best_profile_segments(candidates, baseline)
+        crossed = [c for c in crossovers if c.host == host and c.status == "crossed"
+                   and c.profile not in out and c.baseline not in out]
+        text = (_serve_phrase(segments, baseline, crossed) if segments
+                else _nothing_to_serve(host_rows, candidates))
+        measured = set(host_rows["profile"])
+        text += "".join(f"; {p} is not recommended: {why}" for p, why in out.items()
+                        if p in measured)
+        per_host.append(HostRecommendation(str(host), segments, text))
 
     if len(per_host) > 1 and len({r.text for r in per_host}) == 1:
         # Identical conclusions on every host: say it once instead of repeating it per host.
@@ -333,12 +428,9 @@ def recommend(levels: pd.DataFrame, baseline: str, crossovers: list) -> tuple[li
     else:
         lead = "By output tok/s, "
     paragraph = lead + "; ".join(sentences) + "."
-    if any(c.status == "crossed" for c in crossovers):
-        paragraph += (
-            " SGLang cannot switch speculation off above a concurrency, so pick the "
-            "profile for the concurrency you expect to serve, or run both and route by "
-            "load."
-        )
+    if any(c.status == "crossed" and (c.host, c.profile) in speculative
+           and (c.host, c.profile) not in failing for c in crossovers):
+        paragraph += SPECULATION_SENTENCE
     if not levels["usable"].all():
         paragraph += " Levels marked failed, client-limited or error-heavy were left out."
     paragraph += " Check TTFT and TPOT in the table against your latency targets as well."

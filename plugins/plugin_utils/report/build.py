@@ -101,9 +101,17 @@ def build_report(
     levels = run.levels
     speedup = analysis.compute_speedup(levels, baseline)
     crossovers = analysis.compute_crossover(levels, baseline)
-    _, recommendation = analysis.recommend(levels, baseline, crossovers)
     measured = set(zip(levels["profile"], levels["host"], strict=True))
     context = run_context(run.manifest, run.run_id, measured)
+    # What the manifest says (a profile failed or never finished, its command line) bears on
+    # the recommendation as much as the level rows do.
+    _per_host, recommendation = analysis.recommend(
+        levels,
+        baseline,
+        crossovers,
+        failing=analysis.failing_profiles(levels, context.records),
+        speculative=analysis.speculative_profiles(levels, context.records),
+    )
     warnings = list(run.warnings)
 
     comparison, comparison_note = [], ""

@@ -5,11 +5,23 @@ The manifest is written by many tasks (bench_manifest); its per-profile records 
 `profiles.<profile>.<host>` (see docs/contracts.md). A flat `profiles.<profile>` record (no host
 level) is accepted too and applies to every host. Nothing here fails on an odd manifest: missing
 or malformed parts are simply not reported.
+
+Command lines, env, errors and log tails are redacted here once more (module_utils/redact.py):
+bench_manifest writes them redacted, but the report is the file people mail, and a manifest may
+come from an older servelab or be written by hand.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
+
+from ansible_collections.servelab.serving.plugins.module_utils.redact import (
+    collect_secrets,
+    redact_cmdline,
+    redact_env,
+    redact_text,
+)
 
 # Keys that mark a flat per-profile record (no host level in between).
 _RECORD_KEYS = {"status", "time_scale", "cmdline", "engine", "env", "error", "features_skipped"}
@@ -59,7 +71,14 @@ def _text(value) -> str | None:
     return str(value)
 
 
-def _record(profile: str, host: str, raw: dict) -> ProfileRecord:
+def _cmdline(value, secrets) -> str | None:
+    if isinstance(value, (list, tuple)):
+        value = shlex.join(str(v) for v in value)
+    return redact_cmdline(_text(value), secrets)
+
+
+def _record(profile: str, host: str, raw: dict, secrets=frozenset()) -> ProfileRecord:
+    """secrets: values seen as secrets anywhere in the manifest, masked in every text here."""
     simulator = raw.get("simulator") if isinstance(raw.get("simulator"), dict) else {}
     skipped = raw.get("features_skipped")
     env = raw.get("env")
@@ -69,12 +88,13 @@ def _record(profile: str, host: str, raw: dict) -> ProfileRecord:
         engine=_text(raw.get("engine")),
         time_scale=_scale(raw.get("time_scale", simulator.get("time_scale"))),
         status=_text(raw.get("status")),
-        cmdline=_text(raw.get("cmdline") or raw.get("cmd")),
-        env=env if isinstance(env, dict) else {},
-        features_skipped=[str(s) for s in skipped] if isinstance(skipped, list) else [],
-        error=_text(raw.get("error")),
+        cmdline=_cmdline(raw.get("cmdline") or raw.get("cmd"), secrets),
+        env=redact_env(env) if isinstance(env, dict) else {},
+        features_skipped=([redact_text(str(s), secrets) for s in skipped]
+                          if isinstance(skipped, list) else []),
+        error=redact_text(_text(raw.get("error")), secrets),
         failed_task=_text(raw.get("failed_task")),
-        log_tail=_text(raw.get("log_tail")),
+        log_tail=redact_text(_text(raw.get("log_tail")), secrets),
     )
 
 
@@ -83,15 +103,16 @@ def profile_records(manifest: dict) -> list:
     profiles = manifest.get("profiles")
     if not isinstance(profiles, dict):
         return records
+    secrets = collect_secrets(manifest)
     for profile, by_host in profiles.items():
         if not isinstance(by_host, dict):
             continue
         if _RECORD_KEYS & set(by_host):
-            records.append(_record(str(profile), "*", by_host))
+            records.append(_record(str(profile), "*", by_host, secrets))
             continue
         for host, raw in by_host.items():
             if isinstance(raw, dict):
-                records.append(_record(str(profile), str(host), raw))
+                records.append(_record(str(profile), str(host), raw, secrets))
     return records
 
 

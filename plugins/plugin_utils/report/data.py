@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX
+from ansible_collections.servelab.serving.plugins.module_utils.redact import redact_text
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     LEVEL_COLUMNS,
     LEVELS,
@@ -59,7 +60,7 @@ class ReportError(Exception):
 class RunData:
     results_dir: str
     run_id: str
-    levels: pd.DataFrame  # closed-loop rows: LEVEL_COLUMNS + usable, note, flags; sorted
+    levels: pd.DataFrame  # closed-loop rows: LEVEL_COLUMNS + usable, verdict, note, flags; sorted
     manifest: dict
     planned_levels: list  # concurrency levels the run meant to measure, when known
     request_errors: dict = field(default_factory=dict)  # (host, profile, C) -> [(error, count)]
@@ -136,7 +137,8 @@ def level_frame(
     rows = []
     for row in records.rows:
         verdict = level_verdict(row, max_error_rate)
-        rows.append(dict(row, usable=verdict.usable, note=verdict.note,
+        rows.append(dict(row, usable=verdict.usable, verdict=verdict.status,
+                         note=redact_text(verdict.note),
                          flags="; ".join(level_flags(row))))
     # Column by column as objects, so text and flags keep their values (None stays None, not
     # NaN); figures become numbers below.
@@ -244,7 +246,8 @@ def load_request_errors(request_files: list, limit: int = 3) -> tuple[dict, list
                         str(record.get("profile")),
                         record.get("concurrency"),
                     )
-                    counters.setdefault(key, Counter())[str(error)[:160]] += 1
+                    # An error body may quote a request header or the server's arguments.
+                    counters.setdefault(key, Counter())[redact_text(str(error))[:160]] += 1
         except FileNotFoundError:
             continue
         if bad_lines:

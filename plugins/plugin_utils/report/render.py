@@ -15,14 +15,18 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import FAILED
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import (
     MISSING,
+    cell_header,
     format_value,
     table_cells,
     view_headers,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    COUNT,
     FIELD,
+    LAYOUTS,
     VIEW_RATE_TABLE,
     VIEW_TABLE,
 )
@@ -83,6 +87,35 @@ def _speedup_cell(point) -> str:
     return cell
 
 
+def _failed(row) -> bool:
+    return row.get("verdict") == FAILED
+
+
+def _whole_level_errors(row) -> str | None:
+    """A failed level's errors: its window is often empty (the server failed before or during
+    it), so the window's count says 0/0 while the level lost every request; the whole level's
+    count (warmup, window and tail) is what failed it."""
+    run_errors, run_requests = row.get("run_errors"), row.get("run_requests")
+    shown = format_value("run_errors", run_errors), format_value("run_requests", run_requests)
+    if not _failed(row) or MISSING in shown:
+        return None
+    window = row.get("errors")
+    if window is not None and not pd.isna(window) and window >= run_errors:
+        return None     # the window holds them all: its own cell says it
+    return f"{shown[0]}/{shown[1]} (whole level)"
+
+
+def level_cells(row, view: str) -> dict:
+    """table_cells of a row, a failed level's errors counted over the whole level."""
+    cells = table_cells(row, view)
+    whole = _whole_level_errors(row)
+    if whole is not None:
+        for cell in LAYOUTS[view]:
+            if cell.shape == COUNT and cell.fields[0] == "errors":
+                cells[cell_header(cell)] = whole
+    return cells
+
+
 def all_levels(host_rows: pd.DataFrame, planned: list) -> list:
     """The host's measured levels plus those the run planned: a missing level shows as missing."""
     return sorted(set(host_rows["concurrency"].tolist()) | set(planned))
@@ -122,7 +155,7 @@ def level_table(content: ReportContent) -> Table:
                     notes.append(row["flags"])
                 if crossed.get((host, profile)) == c:
                     notes.append(f"<- falls below {baseline}")
-                cells.update(table_cells(row, VIEW_TABLE))
+                cells.update(level_cells(row, VIEW_TABLE))
                 cells.update({vs: _speedup_cell(speedups.get((host, profile, c))),
                               "notes": "; ".join(notes)})
                 rows.append([cells[h] for h in headers])
@@ -150,7 +183,7 @@ def side_by_side_table(content: ReportContent, host: str) -> Table:
             row = by_key.get((profile, c))
             cell = MISSING if row is None else format_value("output_tok_s", row["output_tok_s"])
             if row is not None and not row["usable"]:
-                cell += " (excluded)"
+                cell += " (failed)" if _failed(row) else " (excluded)"
             cells.append(cell)
         cells += [_speedup_cell(speedups.get((p, c))) or MISSING for p in others]
         rows.append(cells)
@@ -201,7 +234,7 @@ def rate_table(content: ReportContent) -> Table | None:
         notes = "; ".join(n for n in (row["note"], row.get("flags", "")) if n)
         rows.append(
             [str(row["host"]), str(row["profile"])]
-            + list(table_cells(row, VIEW_RATE_TABLE).values())
+            + list(level_cells(row, VIEW_RATE_TABLE).values())
             + [notes]
         )
     return Table(
