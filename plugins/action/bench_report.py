@@ -8,6 +8,7 @@ plugins.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from ansible.errors import AnsibleActionFail
@@ -25,13 +26,15 @@ try:
         write_report,
     )
 except ImportError as exc:
-    REPORT_IMPORT_ERROR = exc
+    REPORT_IMPORT_ERROR = str(exc)
     build_report = write_report = None
 
     class ReportError(Exception):
         """Stands in for report.build.ReportError when the report cannot be imported."""
 else:
-    REPORT_IMPORT_ERROR = None
+    # The report modules guard their pandas/matplotlib imports; say which one is missing.
+    _MISSING = [name for name in ("pandas", "matplotlib") if importlib.util.find_spec(name) is None]
+    REPORT_IMPORT_ERROR = ("missing: %s" % ", ".join(_MISSING)) if _MISSING else None
 
 
 class ActionModule(ActionBase):

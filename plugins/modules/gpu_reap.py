@@ -118,7 +118,11 @@ options:
     description: Where the container's cgroup is; C({vmid}) is replaced by O(container).
     type: list
     elements: str
-    default: ["/sys/fs/cgroup/lxc/{vmid}", "/sys/fs/cgroup/*/lxc/{vmid}", "/sys/fs/cgroup/lxc.payload.{vmid}", "/sys/fs/cgroup/*/lxc.payload.{vmid}"]
+    default:
+      - /sys/fs/cgroup/lxc/{vmid}
+      - /sys/fs/cgroup/*/lxc/{vmid}
+      - /sys/fs/cgroup/lxc.payload.{vmid}
+      - /sys/fs/cgroup/*/lxc.payload.{vmid}
   scan_maps:
     description: Also count processes that map a device file without holding a descriptor on it.
     type: bool
@@ -220,7 +224,9 @@ killed:
   elements: dict
   contains:
     pid: {description: PID (a host PID with O(container)), type: int}
-    container_pid: {description: "PID inside its container (O(container), or when the pid namespace differs)", type: int}
+    container_pid:
+      description: PID inside its container (O(container), or when the pid namespace differs).
+      type: int
     name: {description: Kernel process name (comm), type: str}
     cmdline: {description: Command line, type: str}
     signal: {description: What ended it, type: str, sample: SIGTERM}
@@ -237,14 +243,18 @@ killed:
         RV(vanished) only - not a target, tied to one, and it exited during the reap without a
         signal of the reaper
       type: bool
-  sample: [{pid: 4242, name: "sglang::schedul", cmdline: "sglang::scheduler_TP0", signal: SIGTERM, found_by: device_fd, seed_pid: null, detail: /dev/nvidia0}]
+  sample:
+    - {pid: 4242, name: "sglang::schedul", cmdline: "sglang::scheduler_TP0", signal: SIGTERM,
+       found_by: device_fd, seed_pid: null, detail: /dev/nvidia0}
 would_kill:
   description: In check mode, what would be signalled (same fields as RV(killed) without signal).
   returned: always
   type: list
   elements: dict
 survivors:
-  description: Targets still running after SIGKILL and O(kill_timeout), with their state (C(D) is stuck in the kernel, often the driver).
+  description: >-
+    Targets still running after SIGKILL and O(kill_timeout), with their state (C(D) is stuck in
+    the kernel, often the driver).
   returned: always
   type: list
   elements: dict

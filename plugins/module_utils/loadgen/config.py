@@ -77,7 +77,7 @@ def level_configs(params: dict, read_workload: bool = True
         try:
             slo[key] = None if value in (None, "") else float(value)
         except (TypeError, ValueError):
-            raise BenchOptionsError("slo.%s: expected milliseconds, got %r" % (key, value))
+            raise BenchOptionsError("slo.%s: expected milliseconds, got %r" % (key, value)) from None
     common = dict(level_fields(params), slo=slo, extra_body=dict(params["extra_body"]))
     configs = []
     for concurrency, rate in _levels(params):

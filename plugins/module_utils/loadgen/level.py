@@ -49,7 +49,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics i
     CANCELLED_PREFIX, LevelPart, LevelRow, NS_PER_S, RequestTiming, batch_means_ci95, level_row,
     percentile, reduce_requests, request_row,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.server_metrics import MetricsSampler, window_figures
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.server_metrics import (
+    MetricsSampler, window_figures,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import Workload
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     STOP_ABORTED, STOP_LEVEL_TIMEOUT, STOP_SERVER_FAILING, STOP_UNKNOWN, STOP_WINDOW_COMPLETE,
@@ -448,7 +450,6 @@ class _Client:
 
     def _tick(self):
         loop = self.loop
-        now = loop.time()
         loop.call_soon(self._probe_start)
         shm = self.shm
         self.ticks += 1
@@ -652,7 +653,7 @@ def _fork_context():
     try:
         return multiprocessing.get_context("fork")
     except ValueError:  # pragma: no cover - platforms without fork
-        raise LoadgenError("processes: the load generator needs fork() (Linux, macOS)")
+        raise LoadgenError("processes: the load generator needs fork() (Linux, macOS)") from None
 
 
 def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
@@ -711,7 +712,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             if shm[G_STOP] and grace_deadline is None:
                 grace_deadline = now + 60 * NS_PER_S
             if grace_deadline is not None and now > grace_deadline:
-                for i, p in enumerate(procs):
+                for i in range(len(procs)):
                     if i not in results:
                         results[i] = {"error": "client process %d did not finish within 60 s "
                                                "of the stop signal" % i}

@@ -73,10 +73,10 @@ def weighted_percentile(pairs: Sequence[Tuple[float, float]], q: float) -> Optio
     which each value appears `weight` times (so k samples of gap/k are k real samples)."""
     if not pairs:
         return None
-    if all(w == 1 for _, w in pairs):
+    if all(w == 1 for _key, w in pairs):
         return percentile(sorted(v for v, _ in pairs), q)
     ordered = sorted(pairs)
-    total = int(round(sum(w for _, w in ordered)))
+    total = int(round(sum(w for _key, w in ordered)))
     if total <= 0:
         return None
     pos = (total - 1) * q / 100.0
@@ -292,7 +292,7 @@ class LevelPart:
     tokens_fallback: int = 0
     first_error: Optional[str] = None
 
-    def merge(self, other: "LevelPart") -> "LevelPart":
+    def merge(self, other: LevelPart) -> LevelPart:
         if not self.batch_tokens:
             self.batch_tokens = [0.0] * len(other.batch_tokens)
         for i, v in enumerate(other.batch_tokens):

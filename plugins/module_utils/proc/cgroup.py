@@ -52,7 +52,7 @@ def cgroup2_mounts(mountinfo: str = MOUNTINFO) -> List[str]:
         with open(mountinfo, encoding="utf-8") as fh:
             for line in fh:
                 # "... mount_point options - fstype source super_options"
-                left, _, right = line.partition(" - ")
+                left, _sep, right = line.partition(" - ")
                 if right.split(" ", 1)[0] == "cgroup2":
                     mounts.append(left.split()[4].replace("\\040", " "))
     except OSError:

@@ -124,7 +124,7 @@ def parse_status(text: str) -> StatusFields:
     nspid: Tuple[int, ...] = ()
     ignored = 0
     for line in text.splitlines():
-        key, _, value = line.partition(":")
+        key, _sep, value = line.partition(":")
         try:
             if key == "Uid":
                 uid = int(value.split()[0])

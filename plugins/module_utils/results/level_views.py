@@ -119,8 +119,8 @@ def level_label(row: Mapping) -> str:
     """Which level a row is: 'C=8', or 'rate=2.50/s' for an open-loop level."""
     if row.get("load_mode") == LOAD_MODE_RATE:
         return "rate=%s/s" % format_value("request_rate", row.get("request_rate"))
-    return "%s=%s" % (FIELD["concurrency"].header, format_value("concurrency",
-                                                               row.get("concurrency")))
+    return "%s=%s" % (FIELD["concurrency"].header,
+                      format_value("concurrency", row.get("concurrency")))
 
 
 def level_line(row: Mapping) -> str:

@@ -12,6 +12,7 @@ Standard library only: shipped to targets with the load generator.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -321,7 +322,7 @@ def as_bool(value) -> bool:
     """A flag from a typed value or from text ('true', 'false', '1', ...); None is false."""
     if isinstance(value, str):
         return value.strip().lower() in _TRUE
-    if value is None or value != value:   # None or NaN
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return False
     return bool(value)
 

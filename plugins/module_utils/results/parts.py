@@ -109,7 +109,7 @@ def rebuild_run_files(run_dir: str) -> List[dict]:
     rows = [row for row, _ in parts]
     atomic_write_text(os.path.join(run_dir, LEVELS), levels_csv(rows))
     chunks = []
-    for _, jsonl in parts:
+    for _key, jsonl in parts:
         if os.path.exists(jsonl):
             with open(jsonl, encoding="utf-8") as fh:
                 chunks.append(fh.read())

@@ -13,7 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import pandas as pd
+# Controller requirements (requirements.txt). Guarded so that the plugin loads without them and
+# bench_report fails naming what is missing (plugins/action/bench_report.py), not an import error.
+try:
+    import pandas as pd
+except ImportError:  # pragma: no cover - checked by the action plugin
+    pd = None
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import FAILED
 
@@ -136,7 +141,7 @@ def compute_speedup(levels: pd.DataFrame, baseline: str) -> list:
             if profile == baseline:
                 continue
             rows = host_rows[host_rows["profile"] == profile]
-            for _, row in rows.iterrows():
+            for _key, row in rows.iterrows():
                 c = int(row["concurrency"])
                 tok_s = _num(row["output_tok_s"])
                 if c not in base.index:
@@ -453,7 +458,7 @@ def compare_runs(levels: pd.DataFrame, earlier: pd.DataFrame) -> tuple[list, str
         note = "the runs share no host, so nothing is compared"
     before = earlier.set_index(["host", "profile", "concurrency"])
     points = []
-    for _, row in levels.iterrows():
+    for _key, row in levels.iterrows():
         then_host = host_map.get(row["host"])
         key = (then_host, row["profile"], int(row["concurrency"]))
         if then_host is None or key not in before.index:

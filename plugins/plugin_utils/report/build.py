@@ -118,8 +118,8 @@ def build_report(
     if compare_to:
         if os.path.realpath(compare_to) == os.path.realpath(results_dir):
             warnings.append("compare_to is this run itself; every change is zero")
-        earlier, _ = load_levels(compare_to, max_error_rate)
-        earlier, _ = split_load_modes(earlier)
+        earlier, _unused = load_levels(compare_to, max_error_rate)
+        earlier, _unused = split_load_modes(earlier)
         comparison, comparison_note = analysis.compare_runs(levels, earlier)
 
     content = ReportContent(

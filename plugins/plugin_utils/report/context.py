@@ -145,7 +145,7 @@ def time_scale_statement(records: list, measured: set) -> str:
     scaled = sorted({(r.profile, r.time_scale) for r in relevant if r.time_scale is not None})
     simulated = sorted({r.profile for r in relevant if (r.engine or "") == "simulator"})
     if scaled:
-        factors = sorted({s for _, s in scaled})
+        factors = sorted({s for _key, s in scaled})
         if len(factors) == 1:
             which = f"time_scale {factors[0]:g} for {', '.join(sorted({p for p, _ in scaled}))}"
         else:

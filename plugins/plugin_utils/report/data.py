@@ -15,7 +15,12 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-import pandas as pd
+# Controller requirements (requirements.txt). Guarded so that the plugin loads without them and
+# bench_report fails naming what is missing (plugins/action/bench_report.py), not an import error.
+try:
+    import pandas as pd
+except ImportError:  # pragma: no cover - checked by the action plugin
+    pd = None
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX
 from ansible_collections.servelab.serving.plugins.module_utils.redact import redact_text
@@ -88,7 +93,7 @@ def _from_parts(results_dir: str) -> LevelRecords | None:
     return LevelRecords(
         rows=[row for row, _ in parts],
         source=parts_dir,
-        request_files=[jsonl for _, jsonl in parts if os.path.isfile(jsonl)],
+        request_files=[jsonl for _key, jsonl in parts if os.path.isfile(jsonl)],
     )
 
 
@@ -271,7 +276,7 @@ def _recorded_failures(results_dir: str) -> str:
     """What manifest.json says went wrong, to append to a 'nothing to report' error."""
     if not os.path.isdir(results_dir):
         return ""
-    manifest, _ = load_manifest(results_dir)
+    manifest, _unused = load_manifest(results_dir)
     failed = [r for r in profile_records(manifest) if (r.status or "").lower() == "failed"]
     if not failed:
         return ""

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
+# Controller requirements (requirements.txt), guarded like the rest of the report: the plugin
+# loads without them and bench_report fails naming what is missing.
+try:
+    import matplotlib
 
-matplotlib.use("Agg")  # before anything imports pyplot; harmless when already set
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-import pandas as pd  # noqa: E402
+    matplotlib.use("Agg")  # before anything imports pyplot; harmless when already set
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+except ImportError:  # pragma: no cover - checked by the action plugin
+    FigureCanvasAgg = Figure = None
+try:
+    import pandas as pd
+except ImportError:  # pragma: no cover
+    pd = None
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import profiles_in  # noqa: E402
 

@@ -13,7 +13,12 @@ import base64
 import html
 from dataclasses import dataclass, field
 
-import pandas as pd
+# Controller requirements (requirements.txt). Guarded so that the plugin loads without them and
+# bench_report fails naming what is missing (plugins/action/bench_report.py), not an import error.
+try:
+    import pandas as pd
+except ImportError:  # pragma: no cover - checked by the action plugin
+    pd = None
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import FAILED
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import (
@@ -136,7 +141,7 @@ def level_table(content: ReportContent) -> Table:
         c_h, profile_h, figures[0]] + ([vs] if has_baseline else []) + figures[1:] + ["notes"]
     rows = []
     for host, host_rows in levels.groupby("host", sort=True):
-        by_key = {(r["profile"], int(r["concurrency"])): r for _, r in host_rows.iterrows()}
+        by_key = {(r["profile"], int(r["concurrency"])): r for _key, r in host_rows.iterrows()}
         for c in all_levels(host_rows, content.planned_levels):
             for profile in profiles_in(host_rows, baseline):
                 cells = {host_h: str(host), c_h: format_value("concurrency", c),
@@ -175,7 +180,7 @@ def side_by_side_table(content: ReportContent, host: str) -> Table:
     speedups = {(p.profile, p.concurrency): p for p in content.speedup if p.host == host}
     others = [p for p in profiles if p != content.baseline and content.baseline in profiles]
     headers = [_title("concurrency")] + profiles + [f"{p} vs {content.baseline}" for p in others]
-    by_key = {(r["profile"], int(r["concurrency"])): r for _, r in host_rows.iterrows()}
+    by_key = {(r["profile"], int(r["concurrency"])): r for _key, r in host_rows.iterrows()}
     rows = []
     for c in all_levels(host_rows, content.planned_levels):
         cells = [format_value("concurrency", c)]
@@ -230,7 +235,7 @@ def rate_table(content: ReportContent) -> Table | None:
         return None
     headers = [_title("host"), _title("profile")] + view_headers(VIEW_RATE_TABLE) + ["notes"]
     rows = []
-    for _, row in rows_in.sort_values(["host", "profile", "request_rate"]).iterrows():
+    for _key, row in rows_in.sort_values(["host", "profile", "request_rate"]).iterrows():
         notes = "; ".join(n for n in (row["note"], row.get("flags", "")) if n)
         rows.append(
             [str(row["host"]), str(row["profile"])]
@@ -255,7 +260,7 @@ def _md_cell(text: str) -> str:
 def to_markdown(table: Table) -> str:
     lines = [
         "| " + " | ".join(_md_cell(h) for h in table.headers) + " |",
-        "|" + "|".join("---" for _ in table.headers) + "|",
+        "|" + "|".join("---" for _item in table.headers) + "|",
     ]
     lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
     if table.footnotes:
@@ -326,7 +331,7 @@ def _excluded_lines(content: ReportContent) -> list:
     bad = content.levels[~content.levels["usable"]]
     return [
         f"{r['profile']} on {r['host']} at C={int(r['concurrency'])}: {r['note']}"
-        for _, r in bad.iterrows()
+        for _key, r in bad.iterrows()
     ]
 
 
