@@ -28,7 +28,7 @@ description:
     a chunk of k tokens giving k samples of gap/k (labelled C(itl_basis=chunk) when the server does
     not report per-chunk counts); tokens as reported by the server, never the requested maximum."
 version_added: "0.1.0"
-author: servelab
+author: servelab (!UNKNOWN)
 options:
   base_url:
     description: Server root, e.g. C(http://10.0.0.5:30000) (a trailing C(/v1) is accepted).
@@ -248,7 +248,6 @@ results_dir:
   type: str
 """
 
-import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (  # noqa: E402
@@ -259,6 +258,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options i
     ARGUMENT_SPEC,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files  # noqa: E402
+
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
@@ -279,7 +279,7 @@ def main():
     if params["return_requests"]:
         result["requests"] = outcome.requests
     if params["results_dir"]:
-        directory = os.path.expanduser(params["results_dir"])
+        directory = params["results_dir"]   # type path: already expanded
         for level, requests in zip(outcome.levels, outcome.requests_by_level):
             write_level_files(directory, level, requests)
         result["results_dir"] = directory
