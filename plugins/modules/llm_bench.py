@@ -248,7 +248,6 @@ results_dir:
   type: str
 """
 
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (  # noqa: E402
     BenchOptionsError, level_configs, run_levels,
