@@ -100,6 +100,18 @@ def test_login_shells_get_the_selected_toolkit(cuda, cuda_state):
     assert cuda["env"]["PATH"].split(":")[0] == cuda["home"] + "/bin"
 
 
+def test_services_get_the_selected_toolkit(host, cuda):
+    """The systemd manager's DefaultEnvironment drop-in carries the environment the fact records."""
+    if not cuda.get("systemd_env_file"):
+        pytest.skip("no systemd_env_file in the servelab_cuda fact (cuda_toolkit_systemd_env_file: '')")
+    dropin = host.file(cuda["systemd_env_file"])
+    assert dropin.exists, "%s is missing" % cuda["systemd_env_file"]
+    text = dropin.content_string
+    assert "[Manager]" in text
+    for key, value in cuda["env"].items():
+        assert '"%s=%s"' % (key, value) in text, "%s=%s is not in %s" % (key, value, cuda["systemd_env_file"])
+
+
 def test_venv_matches_the_toolkit_and_its_pins(host, cuda, sglang):
     result = host.run("%s -c %s" % (shlex.quote(sglang["venv"] + "/bin/python"), shlex.quote(VENV_PROBE)))
     assert result.rc == 0, "the venv does not import its stack: %s" % result.stderr[-1500:]

@@ -437,7 +437,8 @@ class Lab:
 
     # ----- the fake driver -------------------------------------------------------------------
     def set_fake_driver(self, version: str, *, container_version: str | None = None,
-                        gpus: int | None = None, uvm_loaded: bool = True, kernel_version: str | None = None) -> None:
+                        gpus: int | None = None, uvm_loaded: bool = True, kernel_version: str | None = None,
+                        gpu_name: str | None = None, compute_cap: str = "12.0") -> None:
         """Make the Proxmox host's driver stand-ins answer as `version` with `gpus` GPUs.
 
         Writes the stand-in /proc/driver/nvidia/version and /proc/devices (with majors free on
@@ -445,7 +446,8 @@ class Lab:
         nvidia-modprobe read, and container 129's user-space driver version (default: the same).
         uvm_loaded=False leaves nvidia-uvm out of /proc/devices, as before `nvidia-modprobe -u`.
         kernel_version: a loaded kernel module other than the user-space version (an upgrade
-        without the reboot).
+        without the reboot). gpu_name / compute_cap: what every GPU reports (default: an RTX PRO 6000
+        Blackwell Server Edition, SM 12.0; e.g. "NVIDIA H200", "9.0").
         """
         gpus = self.config.gpus if gpus is None else gpus
         majors = self._pick_majors()
@@ -461,8 +463,8 @@ class Lab:
         version_text = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  "
                         "(servelab-lab@%s)  Thu Nov 27 10:00:00 UTC 2026\nGCC version:  gcc version 12.2.0 "
                         "(Debian 12.2.0-14+deb12u1)\n" % (kernel_version or version, self.config.pve_hostname))
-        gpu_list = [dict(name=GPU_NAME, uuid="GPU-5e1ab000-0000-4000-8000-%012d" % index,
-                         pci_bus_id="00000000:%02X:00.0" % (0x41 + index), memory_total_mib=97887, compute_cap="12.0")
+        gpu_list = [dict(name=gpu_name or GPU_NAME, uuid="GPU-5e1ab000-0000-4000-8000-%012d" % index,
+                         pci_bus_id="00000000:%02X:00.0" % (0x41 + index), memory_total_mib=97887, compute_cap=compute_cap)
                     for index in range(gpus)]
         host = dict(role="host", driver_version=version, cuda_version="13.0", gpus=gpu_list,
                     proc_devices=FAKE_PROC + "/devices", uvm_major=majors["nvidia-uvm"])

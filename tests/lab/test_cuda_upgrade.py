@@ -21,14 +21,18 @@ UPGRADE = "upgrade-cuda.yml"
 STACK = "playbooks/gpu_stack.yml"
 CT = "ct129"
 VENV = "/opt/sglang/venv"
-VERSIONS = StackVersions()  # torch 2.9.1, sglang 0.5.10, flashinfer 0.6.7.post2: SGLang 0.5.10's own pins
+# The role's default pins (sglang 0.5.23, torch 2.14.1, FlashInfer 0.7.2: at or above the SM120
+# allreduce-fusion minimum of the role's rules, as the lab's GPUs are RTX PRO 6000 Blackwell, SM 12.0).
+VERSIONS = StackVersions(torch="2.14.1", sglang="0.5.23", flashinfer="0.7.2", kernel="0.4.7")
+OLD_FLASHINFER = "0.6.7.post2"  # below the SM120 fusion minimum
+SYSTEMD_ENV = "/etc/systemd/system.conf.d/servelab-cuda.conf"
 FIELD_CUDA = "12.8"
 
 # What "the host as it was" means here: packages, alternatives, and the files the roles touch.
 SNAPSHOT = r"""
 dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' | grep -E ' (cuda|python3-(debian|venv|packaging))' || true
 for name in cuda cuda-12 cuda-13; do echo "alt $name: $(update-alternatives --query $name 2>/dev/null | grep -E '^(Status|Value):' | tr '\n' ' ')"; done
-find /etc/apt/sources.list.d /etc/apt/keyrings /etc/profile.d /etc/ansible /opt /usr/local -maxdepth 3 \
+find /etc/apt/sources.list.d /etc/apt/keyrings /etc/profile.d /etc/systemd/system.conf.d /etc/ansible /opt /usr/local -maxdepth 3 \
   -printf '%p %y %l %s\n' 2>/dev/null | sort
 # the package lists themselves (a refresh changes them); apt's lock file and partial/ are not state
 echo "/var/lib/apt/lists $(find /var/lib/apt/lists -maxdepth 1 -type f ! -name lock -printf '%f %s %T@\n' 2>/dev/null | sort | md5sum)"
@@ -39,7 +43,8 @@ dpkg --purge cuda-toolkit-13-0 cuda-toolkit-12-8 cuda-keyring >/dev/null 2>&1 ||
 for name in cuda cuda-12 cuda-13; do update-alternatives --remove-all $name >/dev/null 2>&1 || true; done
 rm -rf /usr/local/cuda-12.8 /usr/local/cuda-13.0 /opt/sglang /etc/apt/keyrings/servelab-cuda.* \
   /etc/apt/sources.list.d/servelab-cuda.sources /etc/apt/sources.list.d/cuda-*.list \
-  /etc/profile.d/servelab-cuda.sh /etc/ansible/facts.d/servelab_cuda.fact /etc/ansible/facts.d/servelab_sglang.fact
+  /etc/profile.d/servelab-cuda.sh /etc/ansible/facts.d/servelab_cuda.fact /etc/ansible/facts.d/servelab_sglang.fact \
+  /etc/systemd/system.conf.d/servelab-cuda.conf
 """
 
 
@@ -49,7 +54,7 @@ class Repos:
 
     cuda: str            # cuda-keyring, 12.8.1, 13.0.0, 13.0.1
     broken: str          # cuda-keyring, 12.8.1, 13.0.0, 13.0.1 whose nvcc cannot start
-    pypi: str            # root of torch/cuXY/, pypi/simple/, flashinfer/cuXY/
+    pypi: str            # root of torch/cuXY/, kernel/cuXY/, kernel-wrong/cuXY/, pypi/simple/, flashinfer/cuXY/
     key_name: str = PUBLIC_KEY_NAME
 
     def role_vars(self, lab, repo: str | None = None, **extra) -> dict:
@@ -60,6 +65,8 @@ class Repos:
             "sglang_version": VERSIONS.sglang,
             "sglang_torch_version": VERSIONS.torch,
             "sglang_flashinfer_version": VERSIONS.flashinfer,
+            "sglang_kernel_version": VERSIONS.kernel,
+            "sglang_kernel_index_url": self.pypi + "kernel/cu130/",
             "sglang_torch_index_url": self.pypi + "torch/cu130/",
             "sglang_pypi_index_url": self.pypi + "pypi/simple/",
             "sglang_flashinfer_index_url": self.pypi + "flashinfer/cu130/",
@@ -101,9 +108,11 @@ def field_state(lab, repo: str, *, toolkits=(("cuda-toolkit-12-8", None),), venv
                 "pip() { index=$1; host=$2; shift 2; %(venv)s/bin/pip install -q --disable-pip-version-check "
                 "--trusted-host \"$host\" --index-url \"$index\" \"$@\"; }\n"
                 "pip \"$1torch/%(tag)s/\" \"$2\" torch==%(torch)s+%(tag)s\n"
+                "pip \"$1kernel/%(tag)s/\" \"$2\" sglang-kernel==%(kernel)s+%(tag)s\n"
                 "pip \"$1pypi/simple/\" \"$2\" sglang==%(sglang)s flashinfer-python==%(fi)s flashinfer-cubin==%(fi)s\n"
                 "pip \"$1flashinfer/%(tag)s/\" \"$2\" flashinfer-jit-cache==%(fi)s+%(tag)s\n"
-                % dict(venv=VENV, tag=tag, torch=VERSIONS.torch, sglang=VERSIONS.sglang, fi=VERSIONS.flashinfer),
+                % dict(venv=VENV, tag=tag, torch=VERSIONS.torch, sglang=VERSIONS.sglang, fi=VERSIONS.flashinfer,
+                       kernel=VERSIONS.kernel),
            pypi, lab.controller_address)
 
 
@@ -208,17 +217,46 @@ def test_upgrade_installs_13_0_1_beside_12_8_and_selects_it(lab, repos, upgraded
 
     # The venv was rebuilt for cu130 with one FlashInfer version across its three packages.
     freeze = set(ct(lab, "%s/bin/pip freeze --disable-pip-version-check" % VENV).stdout.split())
-    assert {"torch==2.9.1+cu130", "sglang==0.5.10", "flashinfer-python==0.6.7.post2",
-            "flashinfer-cubin==0.6.7.post2", "flashinfer-jit-cache==0.6.7.post2+cu130"} <= freeze
+    fi = VERSIONS.flashinfer
+    assert {"torch==%s+cu130" % VERSIONS.torch, "sglang==%s" % VERSIONS.sglang, "flashinfer-python==" + fi,
+            "flashinfer-cubin==" + fi, "flashinfer-jit-cache==%s+cu130" % fi,
+            "sglang-kernel==%s+cu130" % VERSIONS.kernel} <= freeze
     assert not any("cu128" in line for line in freeze)
     sglang_fact = json.loads(ct(lab, "cat /etc/ansible/facts.d/servelab_sglang.fact").stdout)
-    assert (sglang_fact["torch_cuda"], sglang_fact["sglang_version"]) == ("13.0", "0.5.10")
+    assert (sglang_fact["torch_cuda"], sglang_fact["sglang_version"]) == ("13.0", VERSIONS.sglang)
+    # The kernel: pinned, its CUDA build checked (the library links libcudart.so.13).
+    assert sglang_fact["kernel"] == {"package": "sglang-kernel", "version": VERSIONS.kernel + "+cu130", "cudart": ["13"]}
+    # python -m sglang.check_env (the stand-in prints SGLang's format) parsed into the fact.
+    check_env = sglang_fact["check_env"]
+    assert check_env["torch"] == "%s+cu130" % VERSIONS.torch and check_env["cuda_available"] is False
+    assert {k: check_env["packages"][k] for k in ("sglang", "sgl_kernel", "flashinfer")} == \
+        {"sglang": VERSIONS.sglang, "sgl_kernel": VERSIONS.kernel, "flashinfer": fi}
+    assert check_env["topology"].splitlines()[0].split() == ["GPU%d" % i for i in range(8)] + \
+        ["CPU", "Affinity", "NUMA", "Affinity", "GPU", "NUMA", "ID"], check_env["topology"]
+    # The rules: the lab's SM120 GPUs can run allreduce fusion with this FlashInfer, and the venv has it.
+    assert sglang_fact["compat"]["gpus"] == [{"gpus": "0,1,2,3,4,5,6,7", "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                                              "arch": "12.0", "rule": "12.0", "fusion": True, "flashinfer_min": "0.6.16",
+                                              "cuda_min": "12.8"}]
+    fusion = sglang_fact["allreduce_fusion"]
+    assert fusion["available"] is True and fusion["archs"] == {"12.0": True}, fusion
+    assert fusion["supported_majors"] == [9, 10, 12]
+    # The smoke test ran and says there is no GPU to compute on (the lab has none).
+    smoke = sglang_fact["smoke"]
+    assert smoke["gpu"] is False and smoke["reason"].startswith("no GPU") and smoke["devices"] == [], smoke
+    assert smoke["jit"]["ran"] is False and smoke["jit"]["nvcc_release"] == "13.0", smoke["jit"]
+
+    # Every systemd service gets the toolkit too (the manager's DefaultEnvironment drop-in).
+    dropin = ct(lab, "cat %s" % SYSTEMD_ENV).stdout
+    assert "[Manager]" in dropin and '"CUDA_HOME=/usr/local/cuda"' in dropin, dropin
+    assert '"LD_LIBRARY_PATH=/usr/local/cuda/lib64"' in dropin and '"PATH=/usr/local/cuda/bin:' in dropin
+    assert fact["systemd_env_file"] == SYSTEMD_ENV
 
     # The before/after table, printed at the end of the play.
     table = [line for line in run.stdout.splitlines() if re.search(r"\|\s*(selected|torch CUDA)\*?\s*\|", line)]
     assert any(re.search(r"selected\*\s*\|\s*12\.8\s*\|\s*13\.0\s*\|", line) for line in table), table
-    assert any(re.search(r"torch CUDA\*\s*\|\s*12\.8 \(torch 2\.9\.1\+cu128\)\s*\|\s*13\.0 \(torch 2\.9\.1\+cu130\)", line)
-               for line in table), table
+    torch = re.escape(VERSIONS.torch)
+    assert any(re.search(r"torch CUDA\*\s*\|\s*12\.8 \(torch %s\+cu128\)\s*\|\s*13\.0 \(torch %s\+cu130\)" % (torch, torch),
+                         line) for line in table), table
 
 
 def test_rerun_changes_nothing(lab, repos, upgraded):
@@ -232,7 +270,7 @@ def test_testinfra_suite_passes_and_catches_a_wrong_selection(lab, repos, upgrad
     assert upgraded.rc == 0, "the upgrade itself failed"
     suite = lab.run_testinfra("gpu_servers", "tests/host/test_gpu_stack.py")
     assert suite.returncode == 0, suite.stdout[-4000:]
-    assert re.search(r"\b4 passed\b", suite.stdout), suite.stdout[-2000:]
+    assert re.search(r"\b5 passed\b", suite.stdout), suite.stdout[-2000:]
 
     # Someone switches the link back by hand: the suite says so.
     ct(lab, "update-alternatives --set cuda /usr/local/cuda-12.8 >/dev/null")
@@ -322,11 +360,14 @@ def test_broken_toolkit_rolls_back_to_12_8_after_reaping(lab, repos):
     assert selected(lab) == "/usr/local/cuda-12.8"
     assert installed(lab) == {"cuda-keyring": "1.1-1", "cuda-toolkit-12-8": "12.8.1-1"}
     assert "servelab_cuda.fact" not in ct(lab, "ls /etc/ansible/facts.d 2>/dev/null || true").stdout
-    # What changed for good: the repository source (replacing the keyring's) and the profile script.
+    # The systemd drop-in this run wrote is gone again.
+    assert ct(lab, "test -e %s && echo present || echo absent" % SYSTEMD_ENV).stdout.strip() == "absent"
+    # What changed for good: the repository source (replacing the keyring's), the profile script,
+    # the (empty) drop-in directory.
     after = snapshot(lab)
     changed = set(after.splitlines()) ^ set(before.splitlines())
-    assert all(re.search(r"sources\.list\.d|keyrings|profile\.d|/var/lib/apt/lists|python3-debian|alt cuda", line)
-               for line in changed), sorted(changed)
+    assert all(re.search(r"sources\.list\.d|keyrings|profile\.d|/var/lib/apt/lists|python3-debian|alt cuda|"
+                         r"^/etc/systemd/system\.conf\.d d ", line) for line in changed), sorted(changed)
 
 
 def test_venv_left_on_cu128_makes_the_stack_verify_roll_back(lab, repos):
@@ -354,3 +395,34 @@ def test_broken_update_of_13_0_puts_13_0_0_back(lab, repos):
     assert installed(lab)["cuda-toolkit-13-0"] == "13.0.0-1"
     assert selected(lab) == "/usr/local/cuda-13.0"
     assert "release 13.0, V13.0.48" in ct(lab, "/usr/local/cuda/bin/nvcc --version").stdout
+
+
+def test_sm120_with_a_flashinfer_below_the_fusion_minimum_stops_in_preflight(lab, repos):
+    """The lab's GPUs report SM 12.0 (RTX PRO 6000 Blackwell); FlashInfer 0.6.7.post2 predates SM12x
+    allreduce fusion: the container play stops before role cuda_toolkit installs anything."""
+    field_state(lab, repos.cuda, venv_cuda=None)
+    lab.set_fake_driver(lab.config.driver_version, gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                        compute_cap="12.0")
+    before = snapshot(lab)
+    run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab, sglang_flashinfer_version=OLD_FLASHINFER))
+    assert run.rc != 0
+    assert [f.host for f in run.failures] == [CT], run.failure_text()
+    message = run.failures[0].msg
+    assert ("GPU 0,1,2,3,4,5,6,7 NVIDIA RTX PRO 6000 Blackwell Server Edition (SM 12.0) on %s cannot run FlashInfer's "
+            "allreduce fusion with FlashInfer %s: SM 12.0 needs FlashInfer >= 0.6.16" % (CT, OLD_FLASHINFER)) in message, message
+    assert "Fix: set sglang_flashinfer_version to 0.6.16 or newer" in message and "Nothing was installed." in message
+    assert "Install the toolkit package" not in run.stdout, "role cuda_toolkit must not have started installing"
+    assert snapshot(lab) == before, "a failed preflight must not touch the container"
+    assert selected(lab) == "/usr/local/cuda-12.8"
+
+
+def test_kernel_wheel_of_the_wrong_cuda_build_stops_verify(lab, repos):
+    """A kernel wheel labelled +cu130 whose library links the CUDA 12 runtime: verify names it."""
+    field_state(lab, repos.cuda, pypi=repos.pypi)
+    run = lab.run_playbook(STACK, extravars=repos.role_vars(
+        lab, sglang_kernel_index_url=repos.pypi + "kernel-wrong/cu130/"))
+    assert run.rc != 0
+    message = failure_messages(run)
+    assert ("sglang-kernel %s+cu130 links libcudart.so.12 (CUDA 12), expected CUDA 13: a wheel of another CUDA build"
+            % VERSIONS.kernel) in message, message
+    assert "SGLang stack in %s on %s" % (VENV, CT) in message

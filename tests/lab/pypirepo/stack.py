@@ -2,8 +2,15 @@
 
 - `torch/<cuXY>/`: torch `<version>+cuXY` whose `torch.version.cuda` is `X.Y` (PyTorch's index,
   https://download.pytorch.org/whl/cuXY).
-- `pypi/`: sglang (pinning torch and flashinfer like the real release), flashinfer-python (with the
-  `flashinfer` command and `python -m flashinfer`, `show-config` included), flashinfer-cubin.
+- `pypi/`: sglang (pinning torch, the kernel and flashinfer like the real release, with
+  `python -m sglang.check_env` printing SGLang's format), flashinfer-python (with the `flashinfer`
+  command and `python -m flashinfer`, `show-config` included, and the allreduce fusion entry points
+  `flashinfer.comm.trtllm_allreduce_fusion` with `flashinfer/jit/comm.py` naming the CUDA majors it
+  builds for: [9, 10], and 12 from FlashInfer 0.6.16), flashinfer-cubin.
+- `kernel/<cuXY>/`: the SGLang kernel `<version>+cuXY` (sglang-kernel from 0.4.0, sgl-kernel
+  before; import sgl_kernel) whose stand-in library names libcudart.so.<X> (SGLang's wheel index,
+  https://docs.sglang.ai/whl/cuXY); `kernel-wrong/<cuXY>/`: the same version and label, built
+  against the other CUDA (its library names libcudart.so.12 for cu130): a wheel of the wrong build.
 - `flashinfer/<cuXY>/`: flashinfer-jit-cache `<version>+cuXY` (FlashInfer's index,
   https://flashinfer.ai/whl/cuXY).
 
@@ -88,13 +95,142 @@ if __name__ == "__main__":
 '''
 
 
+# sglang/check_env.py of SGLang (python -m sglang.check_env): the same keys, order and format
+# (`key: value` lines; CUDA details only when torch sees a GPU; the `nvidia-smi topo -m` table on the
+# lines after "NVIDIA Topology:"; package versions from each module's __version__).
+SGLANG_CHECK_ENV = '''"""servelab lab stand-in for sglang/check_env.py: SGLang's output format."""
+import importlib
+import os
+import resource
+import subprocess
+import sys
+from collections import OrderedDict, defaultdict
+
+import torch
+
+PACKAGE_LIST = ["sglang", "sgl_kernel", "flashinfer", "triton", "transformers", "torchao", "numpy", "aiohttp",
+                "fastapi", "hf_transfer", "huggingface_hub", "interegular", "modelscope", "orjson", "outlines",
+                "packaging", "psutil", "pydantic", "multipart", "zmq", "uvicorn", "uvloop", "vllm", "xgrammar",
+                "openai", "tiktoken", "anthropic", "litellm", "decord"]
+
+
+def get_package_versions(packages):
+    versions = {}
+    for package in packages:
+        try:
+            module = importlib.import_module(package)
+            if hasattr(module, "__version__"):
+                versions[package] = module.__version__
+        except ModuleNotFoundError:
+            versions[package] = "Module Not Found"
+    return versions
+
+
+def _get_gpu_info():
+    devices, capabilities = defaultdict(list), defaultdict(list)
+    for k in range(torch.cuda.device_count()):
+        devices[torch.cuda.get_device_name(k)].append(str(k))
+        capability = torch.cuda.get_device_capability(k)
+        capabilities["%d.%d" % capability].append(str(k))
+    info = {}
+    for name, ids in devices.items():
+        info["GPU %s" % ",".join(ids)] = name
+    for cap, ids in capabilities.items():
+        info["GPU %s Compute Capability" % ",".join(ids)] = cap
+    return info
+
+
+def _get_cuda_version_info():
+    cuda_home = os.environ.get("CUDA_HOME")
+    info = {"CUDA_HOME": cuda_home}
+    if cuda_home and os.path.isdir(cuda_home):
+        try:
+            out = subprocess.check_output('"%s" -V' % os.path.join(cuda_home, "bin/nvcc"), shell=True).decode().strip()
+            info["NVCC"] = out[out.rfind("Cuda compilation tools"):out.rfind("Build")].strip()
+        except subprocess.SubprocessError:
+            info["NVCC"] = "Not Available"
+        try:
+            out = subprocess.check_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader,nounits"])
+            versions = set(out.decode().strip().split("\\n"))
+            info["CUDA Driver Version" if len(versions) == 1 else "CUDA Driver Versions"] = ", ".join(sorted(versions))
+        except (OSError, subprocess.SubprocessError):
+            info["CUDA Driver Version"] = "Not Available"
+    return info
+
+
+def get_gpu_topology():
+    try:
+        result = subprocess.run(["nvidia-smi", "topo", "-m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, check=True)
+        return "\\n" + result.stdout if result.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def check_env():
+    env_info = OrderedDict()
+    env_info["Python"] = sys.version.replace("\\n", "")
+    env_info["CUDA available"] = torch.cuda.is_available()
+    if env_info["CUDA available"]:
+        env_info.update(_get_gpu_info())
+        env_info.update(_get_cuda_version_info())
+    env_info["PyTorch"] = torch.__version__
+    env_info.update(get_package_versions(PACKAGE_LIST))
+    topo = get_gpu_topology()
+    if topo:
+        env_info["NVIDIA Topology"] = topo
+    env_info["ulimit soft"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    for k, v in env_info.items():
+        print("%s: %s" % (k, v))
+
+
+if __name__ == "__main__":
+    check_env()
+'''
+
+FLASHINFER_COMM = '''"""servelab lab stand-in for flashinfer.comm: the allreduce fusion entry points SGLang calls."""
+
+
+def trtllm_create_ipc_workspace_for_all_reduce_fusion(*args, **kwargs):
+    raise RuntimeError("servelab lab stand-in: no GPU, no IPC workspace")
+
+
+def trtllm_allreduce_fusion(*args, **kwargs):
+    raise RuntimeError("servelab lab stand-in: no GPU, no allreduce")
+'''
+
+FLASHINFER_JIT_COMM = '''"""servelab lab stand-in for flashinfer/jit/comm.py (the line verify reads)."""
+
+
+def gen_trtllm_comm_module():
+    nvcc_flags = dict(supported_major_versions=[{majors}])
+    return nvcc_flags
+'''
+
+
 @dataclasses.dataclass(frozen=True)
 class StackVersions:
-    """One coherent stack (these are the pins of SGLang 0.5.10's own wheel)."""
+    """One coherent stack (these are the pins of SGLang 0.5.10's own wheel; its kernel: 0.4.7)."""
 
     torch: str = "2.9.1"
     sglang: str = "0.5.10"
     flashinfer: str = "0.6.7.post2"
+    kernel: str = "0.4.7"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    import re
+    return tuple(int(p) for p in re.match(r"\d+(?:\.\d+)*", version).group(0).split("."))
+
+
+def kernel_package(version: str) -> str:
+    """sglang-kernel from 0.4.0 (sgl-project/sglang#20440), sgl-kernel before."""
+    return "sglang-kernel" if _release(version) >= (0, 4, 0) else "sgl-kernel"
+
+
+def fusion_majors(flashinfer_version: str) -> str:
+    """The CUDA majors the stand-in's allreduce fusion builds for (12 from 0.6.16, as the role's rules say)."""
+    return "9, 10, 12" if _release(flashinfer_version) >= (0, 6, 16) else "9, 10"
 
 
 def cuda_tag(cuda_release: str) -> str:
@@ -114,9 +250,21 @@ def sglang_wheel(versions: StackVersions, outdir: Path) -> Path:
     return build_wheel("sglang", versions.sglang, {
         "sglang/__init__.py": '"""servelab lab stand-in for SGLang."""\nfrom sglang.version import __version__\n',
         "sglang/version.py": '__version__ = "%s"\n' % versions.sglang,
-    }, outdir, requires=["torch==%s" % versions.torch, "flashinfer-python==%s" % versions.flashinfer,
-                         "flashinfer-cubin==%s" % versions.flashinfer],
+        "sglang/check_env.py": SGLANG_CHECK_ENV,
+    }, outdir, requires=["torch==%s" % versions.torch, "%s==%s" % (kernel_package(versions.kernel), versions.kernel),
+                         "flashinfer-python==%s" % versions.flashinfer, "flashinfer-cubin==%s" % versions.flashinfer],
         summary="servelab lab stand-in for SGLang")
+
+
+def kernel_wheel(version: str, cuda_release: str, outdir: Path, *, linked_cuda: str | None = None) -> Path:
+    """The SGLang kernel <version>+cuXY; its stand-in library names libcudart.so.<major of linked_cuda>."""
+    full = "%s+%s" % (version, cuda_tag(cuda_release))
+    cudart = (linked_cuda or cuda_release).split(".")[0]
+    return build_wheel(kernel_package(version), full, {
+        "sgl_kernel/__init__.py": '"""servelab lab stand-in for sgl_kernel."""\n__version__ = "%s"\n' % version,
+        # Not a real ELF: the bytes verify looks for (the NEEDED entry of the CUDA runtime).
+        "sgl_kernel/common_ops.abi3.so": "\x7fELF servelab stand-in\x00libcudart.so.%s\x00libtorch.so\x00" % cudart,
+    }, outdir, requires=["torch"], summary="servelab lab stand-in for the SGLang kernel (CUDA %s build)" % cudart)
 
 
 def flashinfer_wheels(version: str, cuda_releases: tuple[str, ...], outdir: Path) -> dict[str, list[Path]]:
@@ -125,6 +273,9 @@ def flashinfer_wheels(version: str, cuda_releases: tuple[str, ...], outdir: Path
         build_wheel("flashinfer-python", version, {
             "flashinfer/__init__.py": '"""servelab lab stand-in for FlashInfer."""\n__version__ = "%s"\n' % version,
             "flashinfer/__main__.py": FLASHINFER_MAIN,
+            "flashinfer/comm/__init__.py": FLASHINFER_COMM,
+            "flashinfer/jit/__init__.py": '"""servelab lab stand-in: no JIT (no GPU, no nvcc)."""\n',
+            "flashinfer/jit/comm.py": FLASHINFER_JIT_COMM.format(majors=fusion_majors(version)),
         }, outdir, requires=["torch"], console_scripts={"flashinfer": "flashinfer.__main__:main"}),
         build_wheel("flashinfer-cubin", version, {
             "flashinfer_cubin/__init__.py": '__version__ = "%s"\n' % version}, outdir),
@@ -150,6 +301,9 @@ class StackIndexes:
     def flashinfer(self, cuda_release: str) -> str:
         return "flashinfer/%s/" % cuda_tag(cuda_release)
 
+    def kernel(self, cuda_release: str, *, wrong_build: bool = False) -> str:
+        return "%s/%s/" % ("kernel-wrong" if wrong_build else "kernel", cuda_tag(cuda_release))
+
 
 def build_stack_indexes(root: Path, versions: StackVersions = StackVersions(),
                         cuda_releases: tuple[str, ...] = ("12.8", "13.0")) -> StackIndexes:
@@ -161,5 +315,11 @@ def build_stack_indexes(root: Path, versions: StackVersions = StackVersions(),
         write_simple_index(root / indexes.torch(release),
                            [torch_wheel(versions.torch, release, build / cuda_tag(release))])
         write_simple_index(root / indexes.flashinfer(release), flashinfer[cuda_tag(release)])
+        write_simple_index(root / indexes.kernel(release),
+                           [kernel_wheel(versions.kernel, release, build / cuda_tag(release))])
+        other = "12.8" if release.split(".")[0] != "12" else "13.0"
+        write_simple_index(root / indexes.kernel(release, wrong_build=True),
+                           [kernel_wheel(versions.kernel, release, build / "wrong" / cuda_tag(release),
+                                         linked_cuda=other)])
     write_simple_index(root / indexes.pypi, [sglang_wheel(versions, build)] + flashinfer["pypi"])
     return indexes
