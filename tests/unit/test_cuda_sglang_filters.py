@@ -204,7 +204,7 @@ sgl_kernel: 0.4.7
 flashinfer: 0.7.2
 triton: 3.7.1
 vllm: Module Not Found
-NVIDIA Topology: 
+NVIDIA Topology:\x20
 \tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
 GPU0\t X \tPHB\t0-15\t0\t\tN/A
 GPU1\tPHB\t X \t0-15\t0\t\tN/A

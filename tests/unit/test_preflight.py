@@ -80,8 +80,8 @@ def test_every_bench_variable_the_playbooks_roles_and_inventories_use_is_known()
     files = ([os.path.join(REPO, "playbooks", "bench.yml"), pf.ROLE_DEFAULTS_FILE]
              + [os.path.join(pf.ROLE_DIR, "tasks", name) for name in ("main.yml", "profile.yml")]
              + glob.glob(os.path.join(REPO, "inventory", "**", "*.yml"), recursive=True))
-    plugins = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "plugins", "*",
-                                                                           "bench_*.py"))}
+    pattern = os.path.join(REPO, "plugins", "*", "bench_*.py")
+    plugins = {os.path.basename(p)[:-3] for p in glob.glob(pattern)}
     used, registered = set(), set()
     for path in files:
         with open(path, encoding="utf-8") as fh:

@@ -33,7 +33,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.build impo
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SWEEP = [1, 2, 4, 8, 16, 32]
+SWEEP = (1, 2, 4, 8, 16, 32)
 
 
 def base_tps(c):

@@ -124,4 +124,3 @@ def run_levels(configs: List[LevelConfig], workload: Workload) -> SweepOutcome:
             outcome.failure = "C=%d: %s" % (cfg.concurrency, verdict.reason)
             break
     return outcome
-

@@ -74,7 +74,7 @@ def weighted_percentile(pairs: Sequence[Tuple[float, float]], q: float) -> Optio
     if not pairs:
         return None
     if all(w == 1 for _key, w in pairs):
-        return percentile(sorted(v for v, _ in pairs), q)
+        return percentile(sorted(v for v, _weight in pairs), q)
     ordered = sorted(pairs)
     total = int(round(sum(w for _key, w in ordered)))
     if total <= 0:

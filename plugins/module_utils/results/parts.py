@@ -106,7 +106,7 @@ def rebuild_run_files(run_dir: str) -> List[dict]:
     """Rebuild levels.csv and requests.jsonl of a run from its parts (call under the run lock).
     Returns the level rows."""
     parts = read_parts(os.path.join(run_dir, PARTS_DIR))
-    rows = [row for row, _ in parts]
+    rows = [row for row, _jsonl in parts]
     atomic_write_text(os.path.join(run_dir, LEVELS), levels_csv(rows))
     chunks = []
     for _key, jsonl in parts:

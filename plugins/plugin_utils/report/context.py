@@ -140,14 +140,14 @@ def time_scale_statement(records: list, measured: set) -> str:
         r
         for r in records
         if (r.profile, r.host) in measured
-        or (r.host == "*" and any(p == r.profile for p, _ in measured))
+        or (r.host == "*" and any(p == r.profile for p, _host in measured))
     ]
     scaled = sorted({(r.profile, r.time_scale) for r in relevant if r.time_scale is not None})
     simulated = sorted({r.profile for r in relevant if (r.engine or "") == "simulator"})
     if scaled:
         factors = sorted({s for _key, s in scaled})
         if len(factors) == 1:
-            which = f"time_scale {factors[0]:g} for {', '.join(sorted({p for p, _ in scaled}))}"
+            which = f"time_scale {factors[0]:g} for {', '.join(sorted({p for p, _factor in scaled}))}"
         else:
             which = "time_scale " + ", ".join(f"{p}={s:g}" for p, s in scaled)
         return (

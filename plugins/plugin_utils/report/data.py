@@ -91,7 +91,7 @@ def _from_parts(results_dir: str) -> LevelRecords | None:
     if not parts:
         return None
     return LevelRecords(
-        rows=[row for row, _ in parts],
+        rows=[row for row, _jsonl in parts],
         source=parts_dir,
         request_files=[jsonl for _key, jsonl in parts if os.path.isfile(jsonl)],
     )

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """servelab CUDA smoke test of an SGLang venv: prints one JSON object (the last line of stdout).
 
 Run it with the venv's python (role sglang does: <venv>/bin/python smoke.py ...) or on its own:
@@ -207,7 +206,7 @@ def fusion_part(archs):
     except OSError as exc:
         report["error"] = "cannot read %s: %s" % (comm_source, exc)
     try:
-        import flashinfer.comm as comm
+        from flashinfer import comm
         report["entry_points"] = {name: callable(getattr(comm, name, None)) for name in FUSION_ENTRY_POINTS}
     except Exception as exc:  # noqa: BLE001
         report["entry_points"] = {name: False for name in FUSION_ENTRY_POINTS}
@@ -220,8 +219,9 @@ def fusion_part(archs):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nvcc", help="nvcc of the selected toolkit (e.g. /usr/local/cuda/bin/nvcc): runs the JIT part")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--nvcc", help="nvcc of the selected toolkit "
+                                       "(e.g. /usr/local/cuda/bin/nvcc): runs the JIT part")
     parser.add_argument("--cuda-release", help="X.Y the nvcc must report (the selected toolkit's release)")
     parser.add_argument("--arch", action="append", default=[],
                         help="compute capability X.Y to check fusion for (repeat; default: the GPUs torch sees)")
