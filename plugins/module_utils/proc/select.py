@@ -223,20 +223,10 @@ def pattern_refusal(info: ProcInfo, holds_cuda: bool, policy: SelectionPolicy) -
 def _subtree(pid: int, kids: Dict[int, List[int]], table: Dict[int, ProcInfo]) -> List[int]:
     """Descendants of pid, not entering a session manager's subtree (its windows and logins
     belong to the user, even when the manager itself was started from a seed)."""
-    out: List[int] = []
-    stack = list(kids.get(pid, ()))
-    seen: Set[int] = set()
-    while stack:
-        p = stack.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    def is_manager(p: int) -> bool:
         info = table.get(p)
-        if info is not None and session_manager(info):
-            continue
-        out.append(p)
-        stack.extend(kids.get(p, ()))
-    return out
+        return info is not None and session_manager(info)
+    return descendants(pid, kids, prune=is_manager)
 
 
 def select_targets(table: Dict[int, ProcInfo], device_hits: Dict[int, DeviceHit],

@@ -9,7 +9,7 @@ All of it is computed over snapshots from proc/table.py.
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
     PROC, ProcInfo, read_environ, read_process, scan_processes,
@@ -37,7 +37,10 @@ def children_map(table: Dict[int, ProcInfo]) -> Dict[int, List[int]]:
     return kids
 
 
-def descendants(pid: int, kids: Dict[int, List[int]]) -> List[int]:
+def descendants(pid: int, kids: Dict[int, List[int]],
+                prune: Optional[Callable[[int], bool]] = None) -> List[int]:
+    """Every descendant of pid; with `prune`, a descendant for which it is true is left out
+    together with its own subtree."""
     out: List[int] = []
     stack = list(kids.get(pid, ()))
     seen: Set[int] = set()
@@ -46,6 +49,8 @@ def descendants(pid: int, kids: Dict[int, List[int]]) -> List[int]:
         if p in seen:
             continue
         seen.add(p)
+        if prune is not None and prune(p):
+            continue
         out.append(p)
         stack.extend(kids.get(p, ()))
     return out

@@ -40,14 +40,16 @@ LEVEL_COLUMNS = (
 )
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the new one, never a torn one."""
+def atomic_write_text(path: str, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` so that readers see the old file or the new one, never a torn one.
+
+    Results are 0644 (meant to be read by the team, like any other file); private state files
+    (a server's state, which names its secrets' places) pass 0o600."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
-        # mkstemp creates 0600; results are meant to be read by the team, like any other file.
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()

@@ -17,12 +17,12 @@ import dataclasses
 import fcntl
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils import redact
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import atomic_write_text
 
 STATE_FILE = "state.json"
 LOG_FILE = "server.log"
@@ -93,20 +93,8 @@ def save(state_dir: str, state: ServerState, rules: redact.Rules = redact.DEFAUL
     data["cmd"] = redact.redact_tree(data["cmd"], rules=rules)
     data["env"] = redact.redact_tree(data["env"], rules=rules)
     path = os.path.join(directory, STATE_FILE)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n",
+                      mode=0o600)
     return path
 
 
