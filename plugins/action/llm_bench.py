@@ -10,6 +10,7 @@ task fails with the reason. The documentation is plugins/modules/llm_bench.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -32,6 +33,10 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, run_lock
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PARTS_DIR
+from ansible_collections.servelab.serving.plugins.module_utils.run.lock import utc_now
+from ansible_collections.servelab.serving.plugins.plugin_utils.run_record import (
+    KEEP, REMEASURE, clear_in_flight, finished_levels_policy, mark_in_flight, measured_part,
+)
 
 display = Display()
 
@@ -71,7 +76,7 @@ class ActionModule(ActionBase):
         try:
             configs, _ = level_configs(module_args, read_workload=False)
         except BenchOptionsError as exc:
-            raise AnsibleActionFail("llm_bench: %s" % exc)
+            raise AnsibleActionFail("llm_bench: %s" % exc) from None
         run_dir = self._results_dir(args, task_vars)
         parts_dir = os.path.join(run_dir, PARTS_DIR)
         if self._task.check_mode:
@@ -87,19 +92,54 @@ class ActionModule(ActionBase):
         steps = ([{"request_rate": [cfg.request_rate]} for cfg in configs] if rate_mode
                  else [{"concurrency": [cfg.concurrency]} for cfg in configs])
         result.update(changed=False, levels=levels, results_dir=run_dir, warnings_text=warnings)
-        for step in steps:
+        # What to do with a level that already has a complete part file: the run's manifest
+        # says (bench.yml's bench_run writes it: keep on bench_resume, remeasure with
+        # bench_remeasure); a run without that word never has a finished level overwritten.
+        policy = finished_levels_policy(run_dir)
+        result["kept_levels"] = kept = []
+        for step, cfg in zip(steps, configs):
             level_args = dict(module_args, **step)
             label = ("rate=%g/s" % step["request_rate"][0]) if rate_mode else (
                 "C=%d" % step["concurrency"][0])
+            where = "%s/%s %s" % (args["host_label"], args.get("profile", "default"), label)
+            earlier = self._finished_level(parts_dir, args, cfg, rate_mode)
+            if earlier is not None:
+                path, row = earlier
+                verdict = level_verdict(row)
+                if policy is None:
+                    result.update(failed=True, msg=(
+                        "llm_bench %s is already measured in run %s (%s); a finished level is "
+                        "never overwritten silently: give a new run_id, or continue the run "
+                        "with bench.yml -e bench_resume=%s (add -e bench_remeasure=true to "
+                        "measure its finished levels again)" % (where, args["run_id"], path,
+                                                                args["run_id"])))
+                    return result
+                if policy == KEEP and not verdict.failed:
+                    display.display("llm_bench %s: measured earlier in this run, kept (%s)"
+                                    % (where, os.path.relpath(path, run_dir)))
+                    levels.append(row)
+                    kept.append(label)
+                    continue
+                display.display("llm_bench %s: measured earlier%s, measuring it again%s" % (
+                    where, " but failed (%s)" % verdict.reason if verdict.failed else "",
+                    " (remeasure)" if policy == REMEASURE else ""))
             display.display("llm_bench %s/%s %s: running (window %ss) on %s" % (
                 args["host_label"], args.get("profile", "default"), label,
                 args.get("level_seconds", 30), task_vars.get("inventory_hostname")))
-            res = self._execute_module(module_name="servelab.serving.llm_bench", module_args=level_args,
-                                       task_vars=task_vars)
-            rows = res.get("levels") or []
+            # Named before it runs, so an interrupted run can say which level it lost; a worker
+            # ended by the interrupt never gets to remove it.
+            mark_in_flight(run_dir, args["host_label"], args.get("profile", "default"), label,
+                           cfg.concurrency, utc_now())
+            try:
+                res = self._execute_module(module_name="servelab.serving.llm_bench",
+                                           module_args=level_args, task_vars=task_vars)
+                rows = res.get("levels") or []
+                for row in rows:
+                    self._record_level(run_dir, parts_dir, row, res.get("requests") or [],
+                                       res.get("warnings_text") or [])
+            finally:
+                clear_in_flight(run_dir, args["host_label"])
             for row in rows:
-                self._record_level(run_dir, parts_dir, row, res.get("requests") or [],
-                                   res.get("warnings_text") or [])
                 levels.append(row)
                 result["changed"] = True
                 display.display("llm_bench " + level_line(row))
@@ -124,8 +164,22 @@ class ActionModule(ActionBase):
                     result.update(failed=True, msg=msg)
                     return result
                 warnings.append(msg)
-        result["msg"] = "%d level(s) written to %s" % (len(levels), run_dir)
+        result["msg"] = "%d level(s) written to %s" % (len(levels) - len(kept), run_dir) + (
+            ", %d kept from earlier in the run (%s)" % (len(kept), ", ".join(kept)) if kept else "")
         return result
+
+    @staticmethod
+    def _finished_level(parts_dir, args, cfg, rate_mode):
+        """(path, row) of this level's complete part file, if the run already has one."""
+        key = {"host": args["host_label"], "profile": args.get("profile", "default"),
+               "concurrency": cfg.concurrency}
+        if rate_mode:
+            key.update(load_mode="rate", request_rate=cfg.request_rate)
+        path = measured_part(parts_dir, key)
+        if path is None:
+            return None
+        with open(path, encoding="utf-8") as fh:
+            return path, json.load(fh)["level"]
 
     def _record_level(self, run_dir, parts_dir, row, requests, notes):
         """Part files first (atomic), then levels.csv/requests.jsonl under the run's lock."""
@@ -136,4 +190,4 @@ class ActionModule(ActionBase):
                 rebuild_run_files(run_dir)
         except ManifestError as exc:
             raise AnsibleActionFail("llm_bench: level written to %s but levels.csv not rebuilt: "
-                                    "%s" % (parts_dir, exc))
+                                    "%s" % (parts_dir, exc)) from None

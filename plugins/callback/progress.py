@@ -4,21 +4,14 @@
 A notification callback, enabled beside the stdout callback (it never replaces it):
 
     [defaults]
-    callbacks_enabled = servelab
+    callbacks_enabled = servelab.serving.progress
 """
 
 from __future__ import annotations
 
-import functools
-
-from ansible import constants as C
-from ansible.plugins.callback import CallbackBase
-
-from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line
-
 DOCUMENTATION = r"""
 ---
-name: servelab
+name: progress
 type: notification
 short_description: Live progress lines and an end-of-run summary for servelab plays
 description:
@@ -32,7 +25,12 @@ description:
     ran, the report's files, and the servelab tasks that failed.
   - Works beside the default stdout callback (enable it with C(callbacks_enabled)); it never
     raises, so a surprise in a result never breaks a run.
-author: servelab
+  - Guards a benchmark run (plugins/plugin_utils/interrupt.py) - SIGTERM is handled like Ctrl-C,
+    and a run opened by C(servelab.serving.bench_run) that ends without being closed (Ctrl-C,
+    SIGTERM, a play that stopped) is cleaned up before ansible-playbook exits by
+    C(playbooks/bench_interrupted.yml) - its servers stopped and reaped, its locks released, the
+    manifest marked C(interrupted) with the level in flight, the report of what finished written.
+author: servelab (!UNKNOWN)
 options:
   task_prefix:
     description: Tasks whose name starts with this are reported live.
@@ -52,7 +50,25 @@ options:
     ini:
       - section: callback_servelab
         key: show_table
+  cleanup_timeout:
+    description: Seconds the cleanup of an interrupted run may take before it is stopped.
+    type: float
+    default: 600
+    env:
+      - name: SERVELAB_CLEANUP_TIMEOUT
+    ini:
+      - section: callback_servelab
+        key: cleanup_timeout
 """
+
+import functools
+
+from ansible import constants as C
+from ansible import context
+from ansible.plugins.callback import CallbackBase
+
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line
+from ansible_collections.servelab.serving.plugins.plugin_utils.interrupt import GUARD, OpenRun
 
 SERVELAB_ACTIONS = (
     "llm_bench",
@@ -140,6 +156,20 @@ class CallbackModule(CallbackBase):
             return []
         return [level_line(row) for row in levels if isinstance(row, dict)]
 
+    def _track_run(self, action: str, status: str, task, host_name: str, data: dict) -> None:
+        """The interrupt guard follows the run: armed once bench_run opened it, told where
+        bench_lock took locks, disarmed once bench_run closed it."""
+        if status != "ok" or data.get("skipped"):
+            return
+        if action == "bench_run" and data.get("state") == "opened" and not data.get("check_mode"):
+            GUARD.arm(OpenRun(run_id=str(data["run_id"]), results_root=str(data["results_root"]),
+                              run_dir=str(data["run_dir"])))
+        elif action == "bench_run" and data.get("state") == "closed":
+            if GUARD.run is not None and GUARD.run.run_id == data.get("run_id"):
+                GUARD.disarm()
+        elif action == "bench_lock" and data.get("state") == "acquired" and data.get("held"):
+            GUARD.note_lock(host_name)
+
     def _finished(self, result, status: str, color) -> None:
         task, host, data = (
             _attr(result, "task"),
@@ -148,6 +178,7 @@ class CallbackModule(CallbackBase):
         )
         host_name = getattr(host, "name", str(host))
         action = _short_action(task)
+        self._track_run(action, status, task, host_name, data)
         if action == "bench_report" and status == "ok" and not data.get("skipped"):
             # Keyed by run: a report run twice (or once per host) is summarised once.
             self._reports[str(data.get("results_dir"))] = dict(data)
@@ -168,6 +199,16 @@ class CallbackModule(CallbackBase):
             extra += msg_lines
         for line in extra:
             self._line(f"servelab |   {line}", color=color)
+
+    @_never_raise
+    def v2_playbook_on_start(self, playbook):
+        # Only ansible-playbook gets here, in its main process, after ansible installed its own
+        # signal handlers (which the guard wraps).
+        GUARD.install(cliargs=dict(context.CLIARGS), say=self._say_now,
+                      cleanup_timeout=self._option("cleanup_timeout", None))
+
+    def _say_now(self, text: str) -> None:
+        self._display.display(text, color=C.COLOR_WARN, stderr=True)
 
     @_never_raise
     def v2_runner_on_start(self, host, task):

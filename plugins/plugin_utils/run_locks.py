@@ -1,0 +1,119 @@
+"""The controller's side of the run locks (plugins/module_utils/run/lock.py holds the records):
+who this run's controller is, whether a holder is alive, what to take over, what to say.
+
+Controller only: a holder's pid means something only on the machine that recorded it.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence
+
+from ansible_collections.servelab.serving.plugins.module_utils.run.lock import (
+    FOREIGN, LIVE, STALE, Controller, LockRecord, holder_state,
+)
+
+
+def controller_pid() -> int:
+    """ansible-playbook's main process: the run's lifetime. Tasks run in worker processes that
+    the main process forks for each task, so from a worker it is the parent; a worker pid would
+    be dead as soon as the task ends and every lock would look stale."""
+    if multiprocessing.current_process().name != "MainProcess":
+        return os.getppid()
+    return os.getpid()
+
+
+def this_controller(owner_pid: Optional[int] = None) -> Controller:
+    return Controller.of_pid(owner_pid or controller_pid())
+
+
+def describe_resource(resource: str, host: str) -> str:
+    kind, _, value = resource.partition(":")
+    if kind == "state_dir":
+        return "the server state directory %s on %s" % (value, host)
+    if kind == "port":
+        return "server port %s on %s" % (value, host)
+    if kind == "run":
+        return "run id %s" % value
+    return "%s on %s" % (resource, host)
+
+
+@dataclass
+class Decision:
+    """What to do about the records that stood in the way of an acquisition."""
+    take_over: List[str] = field(default_factory=list)     # tokens of records to replace
+    warnings: List[str] = field(default_factory=list)
+    refusals: List[str] = field(default_factory=list)      # non-empty: the run must not start
+
+
+def _joined(items: List[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def judge(conflicts: Iterable[tuple], me: Controller, break_lock: bool, host: str) -> Decision:
+    """conflicts: (resource, holder record). A live holder on this controller is never taken
+    over; a stale one always is (with a warning); a foreign one only with break_lock. One
+    refusal per holding run, naming everything it holds here."""
+    decision = Decision()
+    live: dict = {}
+    foreign: dict = {}
+    for resource, holder in conflicts:
+        what = describe_resource(resource, host)
+        state = holder_state(holder.controller, me)
+        if state == LIVE:
+            live.setdefault(holder.describe(), (holder, []))[1].append(what)
+        elif state == STALE:
+            decision.take_over.append(holder.token)
+            decision.warnings.append(
+                "took over %s from %s: its ansible-playbook is gone (the run ended without "
+                "releasing it)" % (what, holder.describe()))
+        elif break_lock:
+            decision.take_over.append(holder.token)
+            decision.warnings.append(
+                "broke the lock of %s held by %s from another controller, as bench_break_lock "
+                "asked" % (what, holder.describe()))
+        else:
+            foreign.setdefault(holder.describe(), (holder, []))[1].append(what)
+    for name, (holder, what) in live.items():
+        decision.refusals.append(
+            "%s %s in use by %s. One run at a time per state directory and port: wait for that "
+            "run to end, or stop it (Ctrl-C, or kill %d: it stops its servers and writes its "
+            "report), or give this run another bench_state_dir and bench_server_port"
+            % (_joined(what), "is" if len(what) == 1 else "are", name, holder.controller.pid))
+    for name, (holder, what) in foreign.items():
+        decision.refusals.append(
+            "%s %s held by %s, started from another controller (%s), whose liveness cannot be "
+            "checked from here. If that run is over, rerun with -e bench_break_lock=true"
+            % (_joined(what), "is" if len(what) == 1 else "are", name, holder.controller.host))
+    return decision
+
+
+def ours(record: LockRecord, run_id: str, me: Controller) -> bool:
+    """A record of `run_id` that this controller process may act on: its own, or a stale one of
+    the same run (the interrupt cleanup run by hand after its ansible-playbook was killed)."""
+    if record.run_id != run_id:
+        return False
+    return record.controller.same_process(me) or holder_state(record.controller, me) == STALE
+
+
+def others_alive(record: LockRecord, run_id: str, me: Controller) -> bool:
+    """A record of another run that may still be running (live here, or on another controller)."""
+    if record.run_id == run_id and record.controller.same_process(me):
+        return False
+    return holder_state(record.controller, me) in (LIVE, FOREIGN)
+
+
+def protect_pids(records: Sequence[LockRecord], servers: Sequence[dict], run_id: str,
+                 me: Controller, own_state_dirs: Sequence[str] = ()) -> List[int]:
+    """Pids of the servers recorded in the state directories of the other live runs: a reap of
+    this run must spare them (and their descendants). A state directory this run holds is never
+    another run's (the state-directory lock), so it is left out even if a stale record names it."""
+    theirs = {r.state_dir for r in records if r.state_dir and others_alive(r, run_id, me)}
+    theirs -= set(own_state_dirs)
+    pids = set()
+    for entry in servers:
+        if entry.get("state_dir") in theirs:
+            pids.update(int(s["pid"]) for s in entry.get("servers") or []
+                        if s.get("alive") and s.get("pid"))
+    return sorted(pids)

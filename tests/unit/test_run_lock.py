@@ -1,0 +1,214 @@
+"""The run locks (plugins/module_utils/run/lock.py) and the controller's judgement of holders
+(plugins/plugin_utils/run_locks.py): all-or-nothing acquisition, live / stale / foreign holders,
+take-over by token, release by token, a race of many acquirers, the servers a reap must spare.
+
+Live holders are real processes this test starts (and ends by pid); a dead holder is one of them
+after it exited.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import read_process
+from ansible_collections.servelab.serving.plugins.module_utils.run import lock
+from ansible_collections.servelab.serving.plugins.plugin_utils import run_locks
+
+
+@pytest.fixture
+def sleeper():
+    """A live process that is not this test: the pid of another run's controller."""
+    procs = []
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def controller_of(pid):
+    return lock.Controller.of_pid(pid)
+
+
+def dead_controller():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    me = controller_of(proc.pid)          # read while it may still run: its identity
+    proc.wait(10)
+    info = read_process(proc.pid, stat_only=True)
+    assert info is None or info.start_time != me.start_time or info.state in ("Z", "X")
+    return me
+
+
+def resources(tmp_path, port=31001):
+    lock_dir = str(tmp_path / "locks")
+    return lock_dir, [lock.state_dir_resource(str(tmp_path / "servers")),
+                      lock.port_resource(lock_dir, port)]
+
+
+def test_acquire_writes_both_records_and_a_second_run_conflicts_on_each(tmp_path, sleeper):
+    lock_dir, res = resources(tmp_path)
+    first = controller_of(sleeper().pid)
+    got = lock.acquire(lock_dir, res, "run-a", first, state_dir=str(tmp_path / "servers"),
+                       port=31001)
+    assert not got.conflicts and len(got.written) == 2
+    record = json.loads((tmp_path / "servers" / lock.STATE_DIR_LOCK).read_text())
+    assert record["run_id"] == "run-a" and record["controller"]["pid"] == first.pid
+    assert record["controller"]["start_time"] == first.start_time and record["port"] == 31001
+    second = lock.acquire(lock_dir, res, "run-b", controller_of(sleeper().pid))
+    assert [c.holder.run_id for c in second.conflicts] == ["run-a", "run-a"]
+    assert not second.acquired and not second.written
+
+
+def test_all_or_nothing_a_free_resource_is_not_taken_when_another_is_held(tmp_path, sleeper):
+    lock_dir, res = resources(tmp_path)
+    lock.acquire(lock_dir, res[1:], "run-a", controller_of(sleeper().pid))   # the port only
+    outcome = lock.acquire(lock_dir, res, "run-b", controller_of(sleeper().pid))
+    assert [c.resource for c in outcome.conflicts] == ["port:31001"]
+    assert not (tmp_path / "servers" / lock.STATE_DIR_LOCK).exists()
+
+
+def test_the_same_run_and_process_acquiring_again_keeps_its_records(tmp_path, sleeper):
+    lock_dir, res = resources(tmp_path)
+    me = controller_of(sleeper().pid)
+    first = lock.acquire(lock_dir, res, "run-a", me)
+    again = lock.acquire(lock_dir, res, "run-a", me)
+    assert not again.conflicts and not again.written
+    assert {r.token for r in again.acquired} == {r.token for r in first.acquired}
+    # The same run id from another process (a second `bench_resume` of it) is another run.
+    other = lock.acquire(lock_dir, res, "run-a", controller_of(sleeper().pid))
+    assert len(other.conflicts) == 2
+
+
+def test_holder_states_live_stale_and_foreign(sleeper):
+    me = controller_of(os.getpid())
+    live = controller_of(sleeper().pid)
+    assert lock.holder_state(live, me) == lock.LIVE
+    assert lock.holder_state(dead_controller(), me) == lock.STALE
+    # A reused pid is not the holder: same pid, another start time.
+    assert lock.holder_state(dataclasses.replace(live, start_time=live.start_time + 1), me) == lock.STALE
+    # After a reboot every holder of this machine is gone, whatever its pid.
+    assert lock.holder_state(dataclasses.replace(live, boot_id="another-boot"), me) == lock.STALE
+    assert lock.holder_state(dataclasses.replace(live, machine_id="elsewhere"), me) == lock.FOREIGN
+
+
+def test_take_over_replaces_only_the_record_whose_token_was_judged(tmp_path, sleeper):
+    lock_dir, res = resources(tmp_path)
+    stale = lock.acquire(lock_dir, res, "run-old", dead_controller())
+    me = controller_of(sleeper().pid)
+    wrong = lock.acquire(lock_dir, res, "run-new", me, take_over=["not-the-token"])
+    assert len(wrong.conflicts) == 2 and not wrong.written
+    tokens = [r.token for r in stale.acquired]
+    outcome = lock.acquire(lock_dir, res, "run-new", me, take_over=tokens)
+    assert not outcome.conflicts and {r.run_id for r in outcome.taken_over} == {"run-old"}
+    assert lock.read_record(res[1][1]).run_id == "run-new"
+
+
+def test_release_removes_only_records_with_the_given_token(tmp_path, sleeper):
+    lock_dir, res = resources(tmp_path)
+    mine = lock.acquire(lock_dir, res, "run-a", controller_of(sleeper().pid)).acquired
+    removed = lock.release(lock_dir, [(mine[0].path, "someone-else"), (mine[1].path, mine[1].token)])
+    assert removed == [mine[1].path]
+    assert os.path.exists(mine[0].path) and not os.path.exists(mine[1].path)
+
+
+def _race(lock_dir, port, pid, queue):
+    outcome = lock.acquire(lock_dir, [lock.port_resource(lock_dir, port)], "run-%d" % os.getpid(),
+                           lock.Controller.of_pid(pid))
+    queue.put(bool(outcome.written))
+
+
+def test_of_many_runs_racing_for_a_free_port_exactly_one_wins(tmp_path, sleeper):
+    lock_dir = str(tmp_path / "locks")
+    pid = sleeper().pid
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(lock_dir, 31002, pid, queue)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    wins = [queue.get(timeout=5) for _ in procs]
+    assert wins.count(True) == 1
+
+
+def test_a_torn_record_is_an_error_naming_the_file(tmp_path):
+    lock_dir = str(tmp_path / "locks")
+    name, path = lock.port_resource(lock_dir, 31003)
+    os.makedirs(lock_dir)
+    with open(path, "w") as fh:
+        fh.write("{not json")
+    with pytest.raises(lock.LockError, match="port-31003.json"):
+        lock.acquire(lock_dir, [(name, path)], "run-a", controller_of(os.getpid()))
+
+
+def _server_state(state_dir, name, pid, start_time, status="running"):
+    d = os.path.join(state_dir, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, lock.SERVER_STATE), "w") as fh:
+        json.dump({"name": name, "pid": pid, "start_time": start_time, "status": status}, fh)
+
+
+def test_judge_refuses_live_takes_over_stale_and_breaks_foreign_only_when_asked(tmp_path, sleeper):
+    me = controller_of(os.getpid())
+    live = lock.new_record("run-live", "port:31004", controller_of(sleeper().pid))
+    stale = lock.new_record("run-stale", "port:31005", dead_controller())
+    foreign = lock.new_record("run-far", "port:31006",
+                              dataclasses.replace(controller_of(os.getpid()), machine_id="x",
+                                                  host="ctl2"))
+    decision = run_locks.judge([(r.resource, r) for r in (live, stale, foreign)], me, False, "gpu1")
+    assert decision.take_over == [stale.token]
+    assert len(decision.refusals) == 2
+    assert "run-live" in decision.refusals[0] and str(live.controller.pid) in decision.refusals[0]
+    assert "server port 31004 on gpu1" in decision.refusals[0]
+    assert "bench_break_lock" in decision.refusals[1] and "ctl2" in decision.refusals[1]
+    assert "run-stale" in decision.warnings[0]
+    broken = run_locks.judge([(foreign.resource, foreign), (live.resource, live)], me, True, "gpu1")
+    assert broken.take_over == [foreign.token] and len(broken.refusals) == 1   # never a live one
+    # Both resources of one holding run: one refusal naming both.
+    both = run_locks.judge([(live.resource, live), ("state_dir:/srv/s", live)], me, False, "gpu1")
+    assert len(both.refusals) == 1
+    assert "server port 31004 on gpu1 and the server state directory /srv/s on gpu1 are in use" \
+        in both.refusals[0]
+
+
+def test_protect_pids_names_the_servers_of_other_live_runs_only(tmp_path, sleeper):
+    lock_dir = str(tmp_path / "locks")
+    me = controller_of(os.getpid())
+    dirs = {n: str(tmp_path / n) for n in ("other", "stale", "own")}
+    servers = {}
+    for name, d in dirs.items():
+        servers[name] = sleeper()
+        info = read_process(servers[name].pid, stat_only=True)
+        _server_state(d, "servelab-baseline", servers[name].pid, info.start_time)
+    lock.acquire(lock_dir, [lock.port_resource(lock_dir, 1)], "run-other",
+                 controller_of(sleeper().pid), state_dir=lock.real_dir(dirs["other"]), port=1)
+    lock.acquire(lock_dir, [lock.port_resource(lock_dir, 2)], "run-dead", dead_controller(),
+                 state_dir=lock.real_dir(dirs["stale"]), port=2)
+    lock.acquire(lock_dir, [lock.port_resource(lock_dir, 3)], "run-me", me,
+                 state_dir=lock.real_dir(dirs["own"]), port=3)
+    seen = lock.survey(lock_dir)
+    records = [lock.LockRecord.from_dict(r, r["path"]) for r in seen["records"]]
+    by_dir = {entry["state_dir"]: entry["servers"] for entry in seen["servers"]}
+    assert by_dir[lock.real_dir(dirs["other"])][0]["alive"] is True
+    assert len(by_dir) == 3
+    # The live other run's server is spared; the dead run's (an orphan) and our own are not.
+    pids = run_locks.protect_pids(records, seen["servers"], "run-me", me,
+                                  [lock.real_dir(dirs["own"])])
+    assert pids == [servers["other"].pid]
+    # Once the other run's server is gone there is nothing to spare.
+    servers["other"].kill()
+    servers["other"].wait(10)
+    seen = lock.survey(lock_dir)
+    assert run_locks.protect_pids(records, seen["servers"], "run-me", me) == []
