@@ -40,7 +40,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         for internal in ("controller", "take_over", "release"):
             if self._task.args.get(internal):
                 raise AnsibleActionFail("bench_lock: %s is filled in by the action plugin; leave "

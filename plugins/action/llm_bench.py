@@ -18,8 +18,6 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-
-
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
     BenchOptionsError, level_configs,
 )
@@ -59,7 +57,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         # The module's own argument spec (plus the action's options): unknown options, wrong
         # types and missing required ones fail here, on the controller, before any level runs.
-        _, validated = self.validate_argument_spec(argument_spec=ACTION_ARGUMENT_SPEC)
+        _validation, validated = self.validate_argument_spec(argument_spec=ACTION_ARGUMENT_SPEC)
         args = {k: v for k, v in validated.items() if v is not None}
         if not args.get("run_id"):
             args["run_id"] = time.strftime("%Y%m%dT%H%M%S")
@@ -74,7 +72,7 @@ class ActionModule(ActionBase):
         # Every option is checked here, before the first level sends anything; a workload file
         # is read and checked where it is, on the bench client, by the module's first call.
         try:
-            configs, _ = level_configs(module_args, read_workload=False)
+            configs, _workload = level_configs(module_args, read_workload=False)
         except BenchOptionsError as exc:
             raise AnsibleActionFail("llm_bench: %s" % exc) from None
         run_dir = self._results_dir(args, task_vars)

@@ -218,7 +218,7 @@ def main():
         result.update(lock.survey(lock_dir, state_dirs))
         # The resources as this host spells them (its realpath, its ~): the action compares
         # records with these, never with a path resolved on the controller.
-        result["resources"] = [name for name, _ in resources(params, lock_dir)]
+        result["resources"] = [name for name, _path in resources(params, lock_dir)]
     except lock.LockError as exc:
         module.fail_json(msg="bench_lock: %s" % exc, **result)
     result["lock_dir"] = lock_dir

@@ -273,8 +273,8 @@ class InterruptGuard:
                 except subprocess.TimeoutExpired:
                     continue
             self.say("servelab: the cleanup of run %s did not finish within %.0f s and was "
-                     "stopped; run it by hand: %s" % (run.run_id, self.cleanup_timeout,
-                                                     " ".join(cmd)))
+                     "stopped; run it by hand: %s"
+                     % (run.run_id, self.cleanup_timeout, " ".join(cmd)))
             return
         self.say("servelab: cleanup of run %s %s in %.1f s%s" % (
             run.run_id, "done" if rc == 0 else "FAILED (rc %d)" % rc, time.monotonic() - started,

@@ -72,7 +72,7 @@ PLAYBOOK_VARIABLES = {
     "bench_resume": "playbooks/bench.yml: resume an interrupted run",
     "bench_remeasure": "playbooks/bench.yml: measure finished levels again on resume",
     "bench_continue_on_profile_failure": "playbooks/bench.yml: go on after a failed profile",
-    "bench_break_lock": "playbooks/bench.yml: take over a stale run lock",
+    "bench_break_lock": "playbooks/bench.yml: take over a run lock held from another controller",
     "bench_reap_pattern_scope": "gpu_reap's pattern scope in the bench role",
     "bench_api_key": "the bench client's bearer token",
     "bench_time_scale": "inventory/local: fills its profiles' simulator.time_scale",

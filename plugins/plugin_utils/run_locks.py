@@ -29,7 +29,7 @@ def this_controller(owner_pid: Optional[int] = None) -> Controller:
 
 
 def describe_resource(resource: str, host: str) -> str:
-    kind, _, value = resource.partition(":")
+    kind, _sep, value = resource.partition(":")
     if kind == "state_dir":
         return "the server state directory %s on %s" % (value, host)
     if kind == "port":

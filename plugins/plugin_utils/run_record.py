@@ -78,7 +78,7 @@ def _measured(run_dir: str) -> Dict[str, Dict[str, List[int]]]:
         parts = read_parts(os.path.join(run_dir, PARTS_DIR))
     except PartError as exc:
         raise RunError(str(exc)) from None
-    for row, _ in parts:
+    for row, _jsonl in parts:
         levels = out.setdefault(str(row.get("host")), {}).setdefault(str(row.get("profile")), [])
         levels.append(int(row.get("concurrency") or 0))
     for profiles in out.values():
@@ -261,6 +261,17 @@ def close_run(results_root: str, run_id: str, controller: lock.Controller, statu
         merge = {"status": status, status + "_at": now}
         if status != "finished":
             merge.update(level_in_flight=in_flight, interrupt_reason=reason or status)
+        else:
+            # bench.yml records finished_at before the report, which states it: keep that one.
+            # A resumed run that finishes has no level in flight any more (interrupted_at and
+            # resumed_at stay, as its history).
+            try:
+                earlier = read_manifest(run_dir).get("finished_at")
+            except ManifestError:
+                earlier = None      # the merge below reports an unreadable manifest
+            if earlier:
+                merge["finished_at"] = earlier
+            merge.update(level_in_flight=[], interrupt_reason=None)
         try:
             manifest = merge_into_manifest(run_dir, merge, check_mode=check_mode).manifest
         except ManifestError as exc:
@@ -269,7 +280,7 @@ def close_run(results_root: str, run_id: str, controller: lock.Controller, statu
         for record in in_flight:
             clear_in_flight(run_dir, str(record.get("host")))
     lock_dir = run_lock_dir(results_root)
-    _, path = lock.run_resource(lock_dir, run_id)
+    _name, path = lock.run_resource(lock_dir, run_id)
     released = []
     holder = lock.read_record(path) if os.path.isdir(lock_dir) else None
     if holder is not None and ours(holder, run_id, controller):

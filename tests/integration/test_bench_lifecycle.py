@@ -159,7 +159,7 @@ def run_dir_of(root, run_id):
 
 def level_rows(run_dir):
     return {(row["profile"], int(row["concurrency"])): row
-            for row, _ in read_parts(str(run_dir / results.PARTS_DIR))}
+            for row, _jsonl in read_parts(str(run_dir / results.PARTS_DIR))}
 
 
 def server_state(state_dir, name="servelab-baseline"):
@@ -318,7 +318,7 @@ def test_a_failed_profile_fails_the_run_after_the_report_unless_asked_not_to(tmp
         assert rc == 0, run.output[-5000:]
     else:
         assert rc != 0, run.output[-5000:]
-        assert "eagle3" in run.output.split("Fail the run")[-1], run.output[-3000:]
+        assert "eagle3" in run.output.rsplit("Fail the run", maxsplit=1)[-1], run.output[-3000:]
 
 
 def test_after_a_sigkill_the_cleanup_by_hand_stops_the_server_and_closes_the_run(tmp_path):
@@ -361,5 +361,5 @@ def test_after_a_sigkill_the_cleanup_by_hand_stops_the_server_and_closes_the_run
     assert (run_dir / results.SUMMARY).is_file()
     # Every lock of the run is gone: a new run may take the state directory and port.
     assert not (tmp_path / "servers" / "run.lock.json").exists()
-    _, port_lock = lock.port_resource(lock.default_lock_dir(), extra["bench_server_port"])
+    _name, port_lock = lock.port_resource(lock.default_lock_dir(), extra["bench_server_port"])
     assert not os.path.exists(port_lock)

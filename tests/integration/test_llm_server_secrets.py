@@ -149,14 +149,14 @@ def test_a_server_that_fails_shows_its_log_without_the_secrets(servers):
 def test_the_engine_api_key_is_rendered_for_sglang_only():
     base = {"name": "p", "model": "/models/m"}
     sglang, _plan = build_spec(ServerRequest(name="s", engine="sglang", engine_version="0.5.23",
-                                         profile=base, api_key=ARG, python=sys.executable))
+                                             profile=base, api_key=ARG, python=sys.executable))
     assert list(sglang.cmd[-2:]) == ["--api-key", ARG]
     vllm, _plan = build_spec(ServerRequest(name="v", engine="vllm", profile=base, api_key=ARG,
-                                       python=sys.executable))
+                                           python=sys.executable))
     assert ARG not in vllm.cmd and any("api_key is not passed to vllm" in w
                                        for w in vllm.warnings)
     sim, _plan = build_spec(ServerRequest(name="m", engine="simulator", profile=base, api_key=ARG,
-                                      simulator_source="# stand-in\n"))
+                                          simulator_source="# stand-in\n"))
     assert ARG not in sim.cmd and any("simulator checks no API key" in n for n in sim.notes)
     with pytest.raises(ServerError, match="keep one of them"):
         build_spec(ServerRequest(name="s", engine="sglang", engine_version="0.5.23",

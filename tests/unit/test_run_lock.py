@@ -134,12 +134,12 @@ def test_of_many_runs_racing_for_a_free_port_exactly_one_wins(tmp_path, sleeper)
     pid = sleeper().pid
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(lock_dir, 31002, pid, queue)) for _ in range(8)]
+    procs = [ctx.Process(target=_race, args=(lock_dir, 31002, pid, queue)) for _i in range(8)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(30)
-    wins = [queue.get(timeout=5) for _ in procs]
+    wins = [queue.get(timeout=5) for _proc in procs]
     assert wins.count(True) == 1
 
 

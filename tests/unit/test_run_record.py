@@ -115,6 +115,22 @@ def test_in_flight_then_close_interrupted_records_the_level_and_releases(tmp_pat
     assert closed.measured_levels == 1
 
 
+def test_a_resumed_run_that_finishes_keeps_the_reports_finished_at_and_no_level_in_flight(
+        tmp_path):
+    root = str(tmp_path)
+    run_dir = measured_run(root, levels=(1,))
+    run_record.open_run(root, "r1", me(), resume="r1")
+    merge_into_manifest(run_dir, {"level_in_flight": [{"host": "gpu1", "level": "C=2"}],
+                                  "interrupt_reason": "SIGINT", "interrupted_at": "T0"})
+    # bench.yml writes finished_at before the report (which states it), then closes the run.
+    merge_into_manifest(run_dir, {"finished_at": "T1"})
+    run_record.close_run(root, "r1", me(), "finished", now="T2")
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "finished" and manifest["finished_at"] == "T1"
+    assert manifest["level_in_flight"] == [] and manifest["interrupt_reason"] is None
+    assert manifest["interrupted_at"] == "T0"            # the run's history stays
+
+
 def test_a_finished_level_is_a_complete_part_a_torn_one_is_not(tmp_path):
     parts = tmp_path / "parts"
     key = {"host": "gpu1", "profile": "baseline", "concurrency": 5}

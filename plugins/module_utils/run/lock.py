@@ -397,7 +397,7 @@ def survey(lock_dir: str, state_dirs: Sequence[str] = ()) -> Dict[str, list]:
     dirs = list(state_dirs) + [r.state_dir for r in list(records.values()) if r.state_dir]
     servers = {}
     for state_dir in dirs:
-        _, path = state_dir_resource(state_dir)
+        _name, path = state_dir_resource(state_dir)
         record = read_record(path)
         if record is not None:
             records[record.path] = record

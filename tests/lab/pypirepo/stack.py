@@ -317,7 +317,7 @@ def build_stack_indexes(root: Path, versions: StackVersions = StackVersions(),
         write_simple_index(root / indexes.flashinfer(release), flashinfer[cuda_tag(release)])
         write_simple_index(root / indexes.kernel(release),
                            [kernel_wheel(versions.kernel, release, build / cuda_tag(release))])
-        other = "12.8" if release.split(".")[0] != "12" else "13.0"
+        other = "12.8" if release.split(".", maxsplit=1)[0] != "12" else "13.0"
         write_simple_index(root / indexes.kernel(release, wrong_build=True),
                            [kernel_wheel(versions.kernel, release, build / "wrong" / cuda_tag(release),
                                          linked_cuda=other)])
