@@ -12,16 +12,15 @@ Controller-side only (pandas-free, stdlib).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import subprocess
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 # deep_merge is also re-exported from here: the manifest merges with it.
+from ansible_collections.servelab.serving.plugins.module_utils.flock import wait_exclusive
 from ansible_collections.servelab.serving.plugins.module_utils.mapping import deep_merge
 from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_tree
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
@@ -57,21 +56,12 @@ def run_lock(run_dir: str, timeout: float = 120.0) -> Iterator[None]:
     os.makedirs(run_dir, exist_ok=True)
     fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    lock_path = os.path.join(run_dir, LOCK_FILE)
-                    raise ManifestError(
-                        f"could not lock {lock_path} within {timeout:.0f} s: another servelab "
-                        "task holds it; if none is running, delete the file"
-                    ) from None
-                time.sleep(0.02)
+        if not wait_exclusive(fd, timeout, poll=0.02):
+            lock_path = os.path.join(run_dir, LOCK_FILE)
+            raise ManifestError(
+                f"could not lock {lock_path} within {timeout:.0f} s: another servelab "
+                "task holds it; if none is running, delete the file"
+            )
         try:
             yield
         finally:

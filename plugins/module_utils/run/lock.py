@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import glob
 import json
 import os
@@ -37,6 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ansible_collections.servelab.serving.plugins.module_utils.flock import wait_exclusive
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime as proc_lifetime
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import read_process
 
@@ -195,18 +194,9 @@ def guarded(lock_dir: str, timeout: float = 30.0) -> Iterator[None]:
     except OSError as exc:
         raise LockError("cannot open %s: %s" % (path, exc.strerror)) from None
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise LockError("another servelab task has held %s for more than %.0f s; if "
-                                    "none is running, delete the file" % (path, timeout)) from None
-                time.sleep(0.05)
+        if not wait_exclusive(fd, timeout, poll=0.05):
+            raise LockError("another servelab task has held %s for more than %.0f s; if "
+                            "none is running, delete the file" % (path, timeout))
         yield
     finally:
         os.close(fd)
