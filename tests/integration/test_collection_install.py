@@ -13,7 +13,6 @@ cgroup), and the test checks that nothing of it is left.
 """
 from __future__ import annotations
 
-import ast
 import csv
 import json
 import os
@@ -26,6 +25,7 @@ import tarfile
 import time
 
 import pytest
+from importscan import heavy_imports  # tests/: the shared import scanner
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
@@ -125,24 +125,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def heavy_imports(source: str) -> list:
-    """Top-level names of HEAVY libraries a Python source imports (nested imports included)."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        elif (isinstance(node, ast.Call) and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
-              and getattr(node.func, "attr", getattr(node.func, "id", None))
-              in ("import_module", "__import__")):
-            names = [node.args[0].value]
-        found += [n for n in names if n.split(".")[0] in HEAVY]
-    return found
 
 
 def clean_env(tmp_path, coll) -> dict:
@@ -270,7 +252,8 @@ def test_tarball_is_small_and_holds_no_environment_or_heavy_module_utils(tarball
         for member in tar.getmembers():
             if member.isfile() and member.name.startswith("plugins/module_utils/") \
                     and member.name.endswith(".py"):
-                found = heavy_imports(tar.extractfile(member).read().decode("utf-8"))
+                found = [name for name, _line in heavy_imports(
+                    tar.extractfile(member).read().decode("utf-8"), heavy=HEAVY)]
                 if found:
                     heavy[member.name] = found
         assert not heavy, "module_utils must stay stdlib-only (shipped to targets): %s" % heavy

@@ -7,16 +7,15 @@ The sources are parsed, not imported, so an import hidden in a function counts t
 """
 from __future__ import annotations
 
-import ast
 import os
 import sys
 
 import pytest
+from importscan import heavy_imports, imports  # tests/: the shared import scanner
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE_UTILS = os.path.join(REPO, "plugins", "module_utils")
 OWN = "ansible_collections.servelab.serving.plugins.module_utils"
-HEAVY = ("pandas", "matplotlib", "numpy")
 
 
 def module_utils_sources():
@@ -25,48 +24,6 @@ def module_utils_sources():
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
     return out
-
-
-def imports(source: str):
-    """(module name, line, guarded) for every import in a source; guarded = inside a `try` whose
-    handlers catch ImportError (or a parent of it). importlib.import_module("x") and
-    __import__("x") with a literal name count as imports of x."""
-    tree = ast.parse(source)
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-
-    def guarded(node):
-        while node in parents:
-            child, node = node, parents[node]
-            if isinstance(node, ast.Try) and child in node.body:
-                for handler in node.handlers:
-                    names = []
-                    if handler.type is None:
-                        return True
-                    for t in (handler.type.elts if isinstance(handler.type, ast.Tuple)
-                              else [handler.type]):
-                        names.append(getattr(t, "id", getattr(t, "attr", "")))
-                    if {"ImportError", "ModuleNotFoundError", "Exception"} & set(names):
-                        return True
-        return False
-
-    found = []
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        elif (isinstance(node, ast.Call) and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
-              and getattr(node.func, "attr", getattr(node.func, "id", None))
-              in ("import_module", "__import__")):
-            names = [node.args[0].value]
-        found += [(name, node.lineno, guarded(node)) for name in names]
-    return found
-
-
-def heavy_imports(source: str):
-    return [(name, line) for name, line, _guarded in imports(source) if name.split(".")[0] in HEAVY]
 
 
 def test_the_scan_sees_hidden_and_dynamic_imports():
