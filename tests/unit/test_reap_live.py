@@ -14,21 +14,12 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_reap_helpers import Spawner, alive, all_pids, wait_until  # noqa: E402
+from test_reap_helpers import alive, all_pids, wait_until  # noqa: E402
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import DeviceMatcher, find_device_holders  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapInputError, ReapOptions, reap  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup import v2_root  # noqa: E402
-
-
-@pytest.fixture
-def sp(tmp_path):
-    spawner = Spawner(tmp_path)
-    try:
-        yield spawner
-    finally:
-        spawner.cleanup()
 
 
 def opts(sp, **kw) -> ReapOptions:

@@ -15,7 +15,7 @@ import types
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_reap_helpers import Spawner, alive  # noqa: E402
+from test_reap_helpers import alive  # noqa: E402
 
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import (  # noqa: E402
     GpuMemory, GpuProcess, NvmlBackend,
@@ -78,15 +78,6 @@ def nvml(monkeypatch):
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     return fake
-
-
-@pytest.fixture
-def sp(tmp_path):
-    spawner = Spawner(tmp_path)
-    try:
-        yield spawner
-    finally:
-        spawner.cleanup()
 
 
 def cuda(sp):

@@ -6,21 +6,11 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_reap_helpers import (  # noqa: E402
-    Spawner, alive, repo_root, run_playbook, task_results, task_results_for,
+    alive, repo_root, run_playbook, task_results, task_results_for,
 )
-
-
-@pytest.fixture
-def sp(tmp_path):
-    spawner = Spawner(tmp_path)
-    try:
-        yield spawner
-    finally:
-        spawner.cleanup()
 
 
 PLAY = """

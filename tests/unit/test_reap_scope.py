@@ -25,7 +25,7 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_reap_helpers import Spawner, alive, wait_until  # noqa: E402
+from test_reap_helpers import alive, wait_until  # noqa: E402
 from test_reap_live import _fake_smi  # noqa: E402
 
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapOptions, reap  # noqa: E402
@@ -34,15 +34,6 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.select impor
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import read_cmdline, read_stat  # noqa: E402
 
 NOBODY = 65534
-
-
-@pytest.fixture
-def sp(tmp_path):
-    spawner = Spawner(tmp_path)
-    try:
-        yield spawner
-    finally:
-        spawner.cleanup()
 
 
 def opts(sp, **kw) -> ReapOptions:
