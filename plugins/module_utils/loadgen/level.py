@@ -80,8 +80,9 @@ STOP_REASONS = {STOP_DONE: STOP_WINDOW_COMPLETE, STOP_TIMEOUT: STOP_LEVEL_TIMEOU
 # Shared counters (int64 slots): globals, then one block per client process.
 G_WS, G_WE, G_STOP, G_T0 = 0, 1, 2, 3
 G_SLOTS = 8
-C_COMPLETED, C_WARM, C_WIN_SENT, C_WIN_DONE, C_OK, C_ERRORS, C_TOKENS, C_ERR_STREAK = range(8)
-C_SLOTS = 8
+(C_COMPLETED, C_WARM, C_WIN_SENT, C_WIN_DONE, C_OK, C_ERRORS, C_TOKENS, C_ERR_STREAK,
+ C_SYNCED_WE) = range(9)
+C_SLOTS = 9
 
 
 class LoadgenError(Exception):
@@ -223,6 +224,7 @@ class _Client:
         self.lag_window: List[float] = []
         self.lag_max = 0.0
         self.ticks = 0
+        self.synced = (0, 0)        # the (ws, we) that _reconcile last settled
         self.cpu_start = self.cpu_ws = self.cpu_we = self.cpu_end = None
         self.loop = None
         # open loop
@@ -246,6 +248,10 @@ class _Client:
         return self.wires[i]
 
     def _classify(self, req: RequestTiming):
+        """The live guess of window membership, from the boundaries this process sees now.
+        The controller takes a boundary's time and then stores it, so a request sent between
+        the two (another process, another core) is guessed against the old view; _reconcile
+        settles it by timestamp once the boundary is visible."""
         shm = self.shm
         ws = shm[G_WS]
         if ws and req.t_send >= ws:
@@ -253,6 +259,26 @@ class _Client:
             if not we or req.t_send < we:
                 req.in_window = True
                 self._bump(C_WIN_SENT)
+
+    def _reconcile(self, ws: int, we: int) -> None:
+        """Window membership by timestamp against the boundaries as published (ws <= t_send <
+        we), for every request this process sent so far, with the window counters corrected to
+        match. Run when this process first sees ws and again when it first sees we; after that
+        every send is classified exactly (its t_send is later than the store it saw)."""
+        shm, b = self.shm, self.base
+        finished = [(req, True) for req in self.records]
+        running = [(c.req, False) for c in self.inflight if c.req is not None]
+        for req, done in finished + running:
+            inside = bool(ws) and req.t_send >= ws and (not we or req.t_send < we)
+            if inside == req.in_window:
+                continue
+            req.in_window = inside
+            step = 1 if inside else -1
+            shm[b + C_WIN_SENT] += step
+            if done:
+                shm[b + C_WIN_DONE] += step
+        self.synced = (ws, we)
+        shm[b + C_SYNCED_WE] = we
 
     def _record(self, req: RequestTiming, worker_warm: bool):
         """Count a finished request; `worker_warm`: its worker has now finished its warmup."""
@@ -462,6 +488,8 @@ class _Client:
             self.cpu_ws = time.process_time_ns()
         if we and self.cpu_we is None:
             self.cpu_we = time.process_time_ns()
+        if (ws, we) != self.synced:
+            self._reconcile(ws, we)
         if shm[G_STOP]:
             self._shutdown(shm[G_STOP])
             return
@@ -516,6 +544,7 @@ class _Client:
                 loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
         ws, we = self.shm[G_WS], self.shm[G_WE]
+        self._reconcile(ws, we)
         part = reduce_requests(self.records, ws, we if we > ws else 0, self.cfg.ci_batches,
                                self.cfg.slo)
         rows = []
@@ -645,7 +674,10 @@ class _Controller:
                 if self.on_we:
                     self.on_we()
             return
-        if self.total(C_WIN_DONE) >= self.total(C_WIN_SENT):
+        # Every process has settled its window requests against this we (_reconcile), so
+        # the counters are exact, not the live guesses; then wait for the last to finish.
+        synced = all(shm[G_SLOTS + i * C_SLOTS + C_SYNCED_WE] == we for i in range(self.nproc))
+        if synced and self.total(C_WIN_DONE) >= self.total(C_WIN_SENT):
             shm[G_STOP] = STOP_DONE
 
 
