@@ -151,13 +151,25 @@ class PlaybookRun:
         return "\n".join("%s | %s | %s" % (f.host, f.task, f.msg) for f in self.failures)
 
 
+# lxc-attach re-executes itself from a sealed memfd (CVE-2019-5736) before it does anything; on a
+# loaded CI machine that step has failed now and then with EBUSY. Nothing ran yet, so run it again.
+REXEC_FAILED = "Failed to rexec as memfd"
+REXEC_ATTEMPTS = 4
+
+
 def _run(argv, *, timeout=120, check=True, input=None, env=None, capture=True, cwd=None):
     """subprocess.run with the lab's defaults: bounded, text, a clear error on failure."""
-    try:
-        result = subprocess.run(argv, input=input, capture_output=capture, text=True, timeout=timeout,
-                                env=env, cwd=cwd, check=False)
-    except subprocess.TimeoutExpired as err:
-        raise LabError("timed out after %ss: %s" % (timeout, " ".join(map(str, argv)))) from err
+    for attempt in range(1, REXEC_ATTEMPTS + 1):
+        try:
+            result = subprocess.run(argv, input=input, capture_output=capture, text=True, timeout=timeout,
+                                    env=env, cwd=cwd, check=False)
+        except subprocess.TimeoutExpired as err:
+            raise LabError("timed out after %ss: %s" % (timeout, " ".join(map(str, argv)))) from err
+        rexec_failed = (result.returncode != 0 and capture and str(argv[0]) == "lxc-attach"
+                        and REXEC_FAILED in (result.stderr or ""))
+        if not rexec_failed or attempt == REXEC_ATTEMPTS:
+            break
+        time.sleep(0.2 * attempt)
     if check and result.returncode != 0:
         raise LabError("command failed (rc %s): %s\n%s%s" % (result.returncode, " ".join(map(str, argv)),
                                                              result.stdout or "", result.stderr or ""))
