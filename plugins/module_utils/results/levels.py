@@ -30,6 +30,16 @@ ITL_BASIS_CHUNK = "chunk"     # ITL per chunk (it did not)
 TOKENS_SERVER = "server"      # token counts from the server (usage, meta_info)
 TOKENS_CHUNKS = "chunks"      # labelled fallback: token-carrying chunks counted by the client
 
+# How the wait for an idle server after a level ended (`drain_basis`).
+DRAIN_METRIC = "metric"       # the server's running-requests gauge fell to 0
+DRAIN_PROBE = "probe"         # a probe request's TTFT came back to the idle value
+DRAIN_TIMEOUT = "timeout"     # the bound was reached first: the next level may start loaded
+DRAIN_NONE = "none"           # not drained (turned off, or the last level)
+
+# Which clock stamped the chunk arrivals (`rx_timestamps`).
+RX_KERNEL = "kernel"          # the kernel's receive timestamp of the segment (SO_TIMESTAMPNS)
+RX_USER = "user"              # the client's clock when it read the socket
+
 # Why a level stopped (`stop_reason`).
 STOP_WINDOW_COMPLETE = "window complete"
 STOP_LEVEL_TIMEOUT = "level_timeout reached"
@@ -92,6 +102,17 @@ class LevelRow:
     client_cpu_us_per_token: Optional[float] = None
     loop_lag_p99_ms: Optional[float] = None
     loop_lag_max_ms: Optional[float] = None
+    module_cpu_s: Optional[float] = None
+    ansible_cpu_s: Optional[float] = None
+    host_cpu_util: Optional[float] = None
+    rx_timestamps: str = ""
+    latency_samples: int = 0
+    min_latency_samples: int = 0
+    arrival_rate_s: Optional[float] = None
+    send_lateness_p50_ms: Optional[float] = None
+    send_lateness_p99_ms: Optional[float] = None
+    drain_s: Optional[float] = None
+    drain_basis: str = ""
     window_complete: bool = True
     window_start_ns: int = 0
     window_end_ns: int = 0
@@ -226,6 +247,34 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("loop_lag_p99_ms", "ms", "loop lag p99", ".2f",
                "client event-loop lag p99 (worst process)"),
     _row_field("loop_lag_max_ms", "ms", "loop lag max", ".2f", "client event-loop lag, worst"),
+    _row_field("module_cpu_s", "s", "module CPU", ".2f",
+               "CPU time of the llm_bench module process itself (controller, /metrics sampler)"),
+    _row_field("ansible_cpu_s", "s", "Ansible CPU", ".2f",
+               "CPU time of Ansible's own processes on the bench client during the level; none "
+               "when Ansible runs on another machine"),
+    _row_field("host_cpu_util", "", "host CPU busy", ".0%",
+               "the bench client machine's CPU busy over the window, fraction of all its cores"),
+    _row_field("rx_timestamps", "", "RX timestamps", "",
+               "kernel: chunk arrival times are the kernel's receive timestamps (SO_TIMESTAMPNS); "
+               "user: taken when the client read the socket"),
+    _row_field("latency_samples", "", "latency samples", "d",
+               "window requests the latency percentiles come from (succeeded)"),
+    _row_field("min_latency_samples", "", "min latency samples", "d",
+               "the latency samples the level asked for (it ran on until it had them, bounded "
+               "by level_timeout)"),
+    _row_field("arrival_rate_s", "request/s", "achieved rate", ".2f",
+               "open loop: requests sent in the window / window length; none in closed loop"),
+    _row_field("send_lateness_p50_ms", "ms", "send lateness p50", ".3f",
+               "open loop: how long after its scheduled arrival a window request was sent "
+               "(connection-cap queueing included), median"),
+    _row_field("send_lateness_p99_ms", "ms", "send lateness p99", ".3f",
+               "open loop: send lateness, p99"),
+    _row_field("drain_s", "s", "drain", ".2f",
+               "after the level's tail was cancelled: time until the server was idle again, "
+               "before the next level started"),
+    _row_field("drain_basis", "", "drain basis", "",
+               "how idle was seen: metric (the server's running-requests gauge), probe (a probe "
+               "request's TTFT back to idle), timeout (bound reached), none (not drained)"),
     _row_field("window_complete", "", "window complete", "",
                "the window closed on its own terms (time and requests), not on a bound"),
     _row_field("window_start_ns", "ns", "window start", "d", "client CLOCK_MONOTONIC"),
