@@ -114,6 +114,13 @@ options:
   min_window_requests:
     description: Requests that must be sent inside the window before it may close (default C).
     type: int
+  min_latency_samples:
+    description:
+      - Succeeded window requests the latency percentiles must come from; the window stays open
+        until it has them (bounded by O(level_timeout)), else the level says it has fewer
+        (C(latency_samples) below C(min_latency_samples)). C(0) sets no minimum.
+    type: int
+    default: 30
   max_requests:
     description: Close the window once this many requests were sent in it.
     type: int
@@ -143,9 +150,17 @@ options:
   processes:
     description:
       - Client processes (forked, each with its own event loop and a share of the workers). C(0)
-        picks one per 128 workers, at most one per CPU.
+        (the default) picks them per level from the concurrency and the CPUs this process may use,
+        so that no client process is the bottleneck.
     type: int
-    default: 1
+    default: 0
+  drain_timeout:
+    description:
+      - After a level's tail was cancelled, wait up to this many seconds for the server to be idle
+        again before the next level (its running-requests gauge at 0, else a probe request's TTFT
+        back to the idle value); the wait is recorded as C(drain_s). C(0) does not wait.
+    type: float
+    default: 30
   ramp_seconds:
     description:
       - Closed loop, the worker starts are spread over this many seconds (workers that start

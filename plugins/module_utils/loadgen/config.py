@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-    LevelConfig, LoadgenError, round_up_processes, run_level,
+    LevelConfig, LoadgenError, run_level,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
@@ -81,11 +81,7 @@ def level_configs(params: dict, read_workload: bool = True
     common = dict(level_fields(params), slo=slo, extra_body=dict(params["extra_body"]))
     configs = []
     for concurrency, rate in _levels(params):
-        processes = common["processes"]
-        if processes == 0:
-            processes = round_up_processes(concurrency)
-        cfg = LevelConfig(**dict(common, concurrency=concurrency, request_rate=rate,
-                                 processes=processes))
+        cfg = LevelConfig(**dict(common, concurrency=concurrency, request_rate=rate))
         try:
             cfg.validate()
         except (LoadgenError, TypeError, ValueError) as exc:

@@ -103,6 +103,7 @@ class LevelConfig:
     level_seconds: float = 30.0
     warmup_requests: Optional[int] = 1          # per worker (closed loop)
     min_window_requests: Optional[int] = None   # default: C (closed loop) or 10 (open loop)
+    min_latency_samples: int = 30               # succeeded window requests behind percentiles
     max_requests: Optional[int] = None
     level_timeout: float = 600.0
     stall_timeout: float = 120.0
@@ -112,7 +113,8 @@ class LevelConfig:
     slo: Dict[str, Optional[float]] = field(default_factory=dict)
     ci_batches: int = 10
     target_ci_pct: Optional[float] = None
-    processes: int = 1
+    processes: int = 0              # 0: automatic (auto_processes), per level
+    drain_timeout: float = 30.0     # s to wait for an idle server after the level; 0: no wait
     seed: int = 1
     extra_body: Dict[str, object] = field(default_factory=dict)
     api_key: Optional[str] = None
@@ -154,8 +156,12 @@ class LevelConfig:
             bad("ci_batches", "expected >= 2 batches for a confidence interval")
         if self.target_ci_pct is not None and self.target_ci_pct <= 0:
             bad("target_ci_pct", "expected a percentage > 0 (e.g. 2 for +-2%)")
-        if self.processes < 1:
-            bad("processes", "expected >= 1 client processes")
+        if self.min_latency_samples < 0:
+            bad("min_latency_samples", "expected an integer >= 0 (0: no minimum)")
+        if self.drain_timeout < 0:
+            bad("drain_timeout", "expected seconds >= 0 (0: do not wait for an idle server)")
+        if self.processes < 0:
+            bad("processes", "expected >= 1 client processes, or 0 for automatic")
         if self.ramp_seconds < 0 or self.ramp_seconds >= self.level_timeout / 2:
             bad("ramp_seconds", "expected seconds >= 0 and well below level_timeout")
         if self.socket_rcvbuf is not None and self.socket_rcvbuf < 0:
@@ -702,7 +708,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     if not wires:
         raise LoadgenError("workload: no prompts")
     c = int(cfg.concurrency)
-    nproc = max(1, min(int(cfg.processes), c))
+    nproc = max(1, min(int(cfg.processes) or auto_processes(c), c))
     worker_sets = [list(range(i, c, nproc)) for i in range(nproc)]
     shm_map = mmap.mmap(-1, 8 * (G_SLOTS + C_SLOTS * nproc))
     shm = memoryview(shm_map).cast("q")
@@ -828,7 +834,7 @@ def _client_honesty(row: LevelRow, results: List[dict], part: LevelPart, nproc: 
         or (row.loop_lag_p99_ms is not None and row.loop_lag_p99_ms >= CLIENT_LAG_LIMIT_MS))
 
 
-def round_up_processes(concurrency: int, per_process: int = 128) -> int:
+def auto_processes(concurrency: int, per_process: int = 128) -> int:
     """A default for `processes: auto`: one client process per `per_process` workers, at most one
     per CPU."""
     return max(1, min(os.cpu_count() or 1, math.ceil(concurrency / per_process)))
