@@ -91,7 +91,8 @@ OPTION_VARIABLES = {
     "concurrency": "bench_concurrency", "workload": "bench_workload",
     "max_tokens": "bench_max_tokens", "level_seconds": "bench_level_seconds",
     "level_timeout": "bench_level_seconds", "warmup_requests": "bench_warmup_requests",
-    "slo": "bench_slo",
+    "slo": "bench_slo", "min_latency_samples": "bench_min_latency_samples",
+    "drain_timeout": "bench_drain_timeout",
 }
 
 
@@ -574,6 +575,8 @@ def _check_sweep_options(inp: HostInput, workload: Optional[dict], model: Option
             "max_tokens": int(v.get("bench_max_tokens")),
             "level_seconds": _number(v.get("bench_level_seconds")),
             "warmup_requests": int(v.get("bench_warmup_requests")),
+            "min_latency_samples": int(v.get("bench_min_latency_samples", 30)),
+            "drain_timeout": _number(v.get("bench_drain_timeout", 30)),
             "slo": plain(v.get("bench_slo") or {}),
         }
         level_configs(args, read_workload=False)

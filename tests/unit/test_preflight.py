@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+import pytest
 import yaml
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
@@ -191,6 +192,15 @@ def test_level_seconds_zero_and_beyond_the_level_timeout():
     assert "0 must be > 0" in only(run(host(bench_level_seconds=0)), "bench_level_seconds")
     msg = only(run(host(bench_level_seconds=900)), "bench_level_seconds")
     assert "below llm_bench's level_timeout (600 s)" in msg
+
+
+@pytest.mark.parametrize("variable, value, says", [
+    ("bench_min_latency_samples", -1, "min_latency_samples: expected an integer >= 0"),
+    ("bench_drain_timeout", -5, "drain_timeout: expected seconds >= 0"),
+])
+def test_sweep_options_llm_bench_refuses_name_the_bench_variable(variable, value, says):
+    msg = only(run(host(**{variable: value})), variable)
+    assert says in msg
 
 
 def test_a_typo_variable_gets_the_nearest_known_name():

@@ -25,8 +25,15 @@ workers (or of the arrival rate). They share a few counters through an anonymous
 map; the parent process is only the controller: it decides ws/we/stop from those counters, samples
 the server's `/metrics`, and merges the processes' partial results (metrics.LevelPart).
 Client honesty: every process records its CPU time and its event-loop lag (probed every 10 ms);
-a level is `client_limited` when a client process used >= 90% of a core over the window or its loop-lag
-p99 over the window was >= 2 ms, i.e. the client, not the server, may have set the pace.
+the parent adds the kernel's account of the reaped processes, its own CPU and Ansible's on this
+machine (loadgen/cpu.py). A level is `client_limited` when a client process used >= 90% of a core
+over the window, or its loop-lag p99 over the window was >= 2 ms, or the bench side as a whole
+(clients, this module, Ansible) used >= 90% of the CPUs it may run on: the client, not the server,
+may have set the pace.
+
+Processes: `processes: 0` (the default) picks them per level (auto_processes).
+Samples: the window stays open until `min_latency_samples` requests were sent in it (bounded by
+level_timeout); a level with fewer succeeded window requests says so (`latency_samples`).
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import LevelCpu, usable_cpus
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
     APIS, Endpoint, http_get, open_connection, request_body,
 )
@@ -599,8 +607,10 @@ class _Controller:
         per_worker = 1 if cfg.warmup_requests is None else int(cfg.warmup_requests)
         # Open loop has no workers: the same number of requests in total (per unit of the cap).
         self.warmup = per_worker if self.closed_loop else per_worker * c
-        self.min_window = (cfg.min_window_requests if cfg.min_window_requests is not None
-                           else (c if self.closed_loop else 10))
+        # The window stays open until enough requests were sent in it: the minimum asked for,
+        # and the latency samples (each window request yields one once it succeeded).
+        self.min_window = max(cfg.min_window_requests if cfg.min_window_requests is not None
+                              else (c if self.closed_loop else 10), cfg.min_latency_samples)
         self.window_complete = True
         self.token_samples: List = []     # (t_ns, cumulative tokens) inside the window
         self.on_ws = None
@@ -716,6 +726,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     controller = _Controller(cfg, shm, nproc)
     sampler = None
     warnings: List[str] = []
+    cpu = LevelCpu()
     shm[G_T0] = time.monotonic_ns()
     procs, pipes = [], []
     results: Dict[int, dict] = {}
@@ -732,8 +743,8 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
         if cfg.server_metrics:
             sampler = MetricsSampler(endpoint.url(cfg.metrics_path), http_get,
                                      interval=cfg.metrics_interval).start()
-            controller.on_ws = sampler.sample_now
-            controller.on_we = sampler.sample_now
+        controller.on_ws = _both(cpu.mark_ws, sampler.sample_now if sampler else None)
+        controller.on_we = _both(cpu.mark_we, sampler.sample_now if sampler else None)
         grace_deadline = None
         while len(results) < nproc:
             now = time.monotonic_ns()
@@ -769,6 +780,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             if p.is_alive():
                 p.terminate()
                 p.join(5)
+        cpu.finish()        # every client process was reaped (or terminated and reaped)
         samples = sampler.stop() if sampler else []
         for pipe in pipes:
             pipe.close()
@@ -788,10 +800,13 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     row = level_row(cfg.host_label, cfg.profile, c, merged, cfg.slo)
     row.load_mode = cfg.load_mode
     row.request_rate = float(cfg.request_rate) if cfg.load_mode == "rate" else None
+    if cfg.load_mode == "rate" and row.window_s:
+        row.arrival_rate_s = round(row.requests / row.window_s, 4)
+    row.min_latency_samples = int(cfg.min_latency_samples)
     row.stop_reason = STOP_REASONS.get(stop, STOP_UNKNOWN)
     row.window_complete = bool(ws and we and controller.window_complete)
     row.window_start_ns, row.window_end_ns = ws, we
-    _client_honesty(row, [results[i] for i in range(nproc)], merged, nproc)
+    _client_honesty(row, [results[i] for i in range(nproc)], merged, nproc, cpu)
     if samples:
         row.server_metrics = window_figures(samples, ws, we)
     elif sampler is not None and sampler.note:
@@ -801,6 +816,11 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             "C=%d: window incomplete (%s; %d window requests, window %.1f s): raise "
             "level_timeout or lower min_window_requests" % (
                 c, row.stop_reason, row.requests, row.window_s))
+    if row.latency_samples < row.min_latency_samples:
+        warnings.append(
+            "C=%d: latency percentiles from %d window requests, fewer than min_latency_samples "
+            "(%d): raise level_timeout (the window closed at half of it)" % (
+                c, row.latency_samples, row.min_latency_samples))
     if row.client_limited:
         warnings.append(
             "C=%d: client-limited (client CPU %.0f%% of a core, loop lag p99 %s ms): add client "
@@ -815,23 +835,48 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     return LevelResult(row=row, requests=rows, warnings=warnings)
 
 
-def _client_honesty(row: LevelRow, results: List[dict], part: LevelPart, nproc: int) -> None:
-    total_cpu = sum(r["cpu_total_ns"] for r in results)
+def _both(first, second):
+    if second is None:
+        return first
+
+    def call():
+        first()
+        second()
+    return call
+
+
+def _client_honesty(row: LevelRow, results: List[dict], part: LevelPart, nproc: int,
+                    cpu: LevelCpu) -> None:
+    reported = sum(r["cpu_total_ns"] for r in results)
+    reaped = cpu.clients_ns()
     window_ns = part.we - part.ws if part.we > part.ws else 0
     row.client_processes = nproc
+    # The kernel's account of the reaped client processes is complete (their own clocks stop
+    # before the results are handed over); it can only be lower if something else reaped them.
+    total_cpu = reaped if reaped is not None and reaped >= reported else reported
     row.client_cpu_s = round(total_cpu / NS_PER_S, 3)
+    module_s, ansible_s = cpu.module_s(), cpu.ansible_s()
+    row.module_cpu_s = None if module_s is None else round(module_s, 3)
+    row.ansible_cpu_s = None if ansible_s is None else round(ansible_s, 3)
+    util = cpu.host_window_util()
+    row.host_cpu_util = None if util is None else round(util, 4)
+    client_side = 0.0
     if window_ns:
         utils = [r["cpu_window_ns"] / window_ns for r in results if r["cpu_window_ns"]]
         cpu_window = sum(r["cpu_window_ns"] or 0 for r in results)
         row.client_cpu_util = round(max(utils), 4) if utils else None
         if part.window_output_tokens:
             row.client_cpu_us_per_token = round(cpu_window / 1e3 / part.window_output_tokens, 3)
+        # Everything the bench side ran in the window (clients, this module, Ansible), in
+        # CPUs: near all the CPUs it may use, it competes with itself whatever each part shows.
+        client_side = (cpu_window + cpu.window_overhead_ns()) / window_ns
     lags = [r["lag_p99_s"] for r in results if r["lag_p99_s"] is not None]
     row.loop_lag_p99_ms = round(max(lags) * 1e3, 3) if lags else None
     row.loop_lag_max_ms = round(max(r["lag_max_s"] for r in results) * 1e3, 3)
     row.client_limited = bool(
         (row.client_cpu_util is not None and row.client_cpu_util >= CLIENT_CPU_LIMIT)
-        or (row.loop_lag_p99_ms is not None and row.loop_lag_p99_ms >= CLIENT_LAG_LIMIT_MS))
+        or (row.loop_lag_p99_ms is not None and row.loop_lag_p99_ms >= CLIENT_LAG_LIMIT_MS)
+        or client_side >= CLIENT_CPU_LIMIT * usable_cpus())
 
 
 def auto_processes(concurrency: int, per_process: int = 128) -> int:

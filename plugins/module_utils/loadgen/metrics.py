@@ -277,6 +277,7 @@ class LevelPart:
     e2e: List[int] = field(default_factory=list)
     itl_values: array = field(default_factory=lambda: array("d"))
     itl_weights: array = field(default_factory=lambda: array("d"))
+    lateness: List[int] = field(default_factory=list)   # open loop: t_send - t_sched
     window_requests: int = 0
     window_errors: int = 0
     window_good: int = 0
@@ -301,7 +302,7 @@ class LevelPart:
                      "run_prompt_tokens", "window_requests", "window_errors", "window_good",
                      "run_requests", "run_ok", "run_errors", "cancelled", "tokens_fallback"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("ttft", "tpot", "e2e", "run_ttft", "run_tpot", "run_e2e"):
+        for name in ("ttft", "tpot", "e2e", "lateness", "run_ttft", "run_tpot", "run_e2e"):
             getattr(self, name).extend(getattr(other, name))
         self.itl_values.extend(other.itl_values)
         self.itl_weights.extend(other.itl_weights)
@@ -364,6 +365,8 @@ def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches
             _append_latencies(r, part.run_ttft, part.run_tpot, part.run_e2e)
         if r.in_window and has_window and not r.cancelled:
             part.window_requests += 1
+            if r.t_sched is not None:
+                part.lateness.append(r.t_send - r.t_sched)
             if not r.ok:
                 part.window_errors += 1
                 continue
@@ -451,6 +454,9 @@ def level_row(host: str, profile: str, concurrency: int, part: LevelPart,
         run_tpot_p50_ms=_pcts(part.run_tpot, (50,))[0],
         run_e2e_p50_ms=_pcts(part.run_e2e, (50,))[0],
         cancelled_tail=part.cancelled,
+        latency_samples=len(part.ttft),
+        send_lateness_p50_ms=_pcts(part.lateness, (50,))[0] if part.lateness else None,
+        send_lateness_p99_ms=_pcts(part.lateness, (99,))[0] if part.lateness else None,
         first_error=part.first_error,
     )
 

@@ -67,6 +67,7 @@ class StatFields:
     sid: int
     flags: int
     start_time: int
+    cpu_ticks: int = 0            # utime + stime + cutime + cstime (waited-for children), clock ticks
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def parse_stat(text: str) -> StatFields:
     # rest[0] is field 3 (state); field n is rest[n - 3]
     return StatFields(comm=text[open_at + 1:close_at], state=rest[0], ppid=int(rest[1]),
                       pgid=int(rest[2]), sid=int(rest[3]), flags=int(rest[6]),
-                      start_time=int(rest[19]))
+                      start_time=int(rest[19]),
+                      cpu_ticks=int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14]))
 
 
 def read_stat(pid: int, proc_root: str = PROC) -> Optional[StatFields]:

@@ -209,8 +209,9 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("goodput_request_s", "request/s", "goodput", ".2f",
                "window requests that met every given SLO / window length; none without an SLO"),
     _row_field("client_limited", "", "client-limited", "",
-               "a client process used >= 90% of a core or its loop-lag p99 was >= 2 ms: the "
-               "figures measure the client, not the server"),
+               "a client process used >= 90% of a core, its loop-lag p99 was >= 2 ms, or the "
+               "bench side (clients, module, Ansible) used >= 90% of its CPUs: the figures may "
+               "measure the client, not the server"),
     # --- the extra columns, in LevelRow's order ---
     _row_field("load_mode", "", "load mode", "", "concurrency (closed loop) or rate (open loop)"),
     _row_field("request_rate", "request/s", "offered", ".2f",
@@ -239,7 +240,8 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("cancelled_tail", "", "cancelled", "d",
                "requests still in flight when the level ended, cancelled (not errors)"),
     _row_field("client_processes", "", "client processes", "d", "load-generator processes"),
-    _row_field("client_cpu_s", "s", "client CPU", ".2f", "CPU time of all client processes"),
+    _row_field("client_cpu_s", "s", "client CPU", ".2f",
+               "CPU time of all client processes, the kernel's account of them once reaped"),
     _row_field("client_cpu_util", "", "client CPU of a core", ".0%",
                "busiest client process's CPU over the window, as a fraction of one core"),
     _row_field("client_cpu_us_per_token", "us/token", "client CPU", ".1f",
