@@ -1,0 +1,53 @@
+"""Enough samples, and open-loop arrivals on time, against the stdlib fake server: the window
+stays open until min_latency_samples requests were sent in it (bounded by level_timeout, and says
+so when it got fewer); an open-loop level reports its achieved arrival rate and how late each
+window request was sent after its scheduled arrival."""
+from __future__ import annotations
+
+import os
+
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
+from simproc import ServerProcess
+
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_loadgen_fakeserver.py")
+WORKLOAD = load({"kind": "builtin"})
+
+
+def cfg(url, **kw):
+    base = dict(base_url=url, model="m", concurrency=1, max_tokens=8, level_seconds=0.2,
+                level_timeout=30, server_metrics=False, warmup_requests=1)
+    base.update(kw)
+    return LevelConfig(**base)
+
+
+def test_the_window_stays_open_until_it_has_the_latency_samples():
+    # ~50 ms per request at C=1: a 0.2 s window alone would hold ~4 of them.
+    with ServerProcess("--ttft-ms", "15", "--step-ms", "4", script=FAKE) as srv:
+        short = run_level(cfg(srv.url, min_latency_samples=0), WORKLOAD)
+        enough = run_level(cfg(srv.url), WORKLOAD)
+    assert short.row.latency_samples < 10
+    assert enough.row.min_latency_samples == 30
+    assert enough.row.latency_samples >= 30 and enough.row.window_complete
+    assert enough.row.window_s > short.row.window_s
+    assert not any("min_latency_samples" in w for w in enough.warnings)
+
+
+def test_a_level_bounded_by_its_timeout_says_it_has_fewer_samples():
+    # ~0.25 s per request and a 3 s bound: the window closes at 1.5 s with ~5 requests.
+    with ServerProcess("--ttft-ms", "50", "--step-ms", "25", script=FAKE) as srv:
+        res = run_level(cfg(srv.url, level_timeout=3.0), WORKLOAD)
+    assert res.row.latency_samples < res.row.min_latency_samples == 30
+    assert not res.row.window_complete
+    assert any("fewer than min_latency_samples (30)" in w for w in res.warnings)
+
+
+def test_open_loop_reports_achieved_rate_and_send_lateness():
+    with ServerProcess("--ttft-ms", "10", "--step-ms", "2", script=FAKE) as srv:
+        rate = run_level(cfg(srv.url, load_mode="rate", request_rate=40.0, concurrency=16,
+                             level_seconds=1.5, min_latency_samples=0), WORKLOAD).row
+        closed = run_level(cfg(srv.url, min_latency_samples=0), WORKLOAD).row
+    assert rate.arrival_rate_s is not None and 20 < rate.arrival_rate_s < 60
+    assert rate.arrival_rate_s == round(rate.requests / rate.window_s, 4)
+    assert 0 <= rate.send_lateness_p50_ms <= rate.send_lateness_p99_ms < 50
+    assert closed.arrival_rate_s is None and closed.send_lateness_p99_ms is None
