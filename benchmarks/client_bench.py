@@ -112,14 +112,23 @@ def fmt(v, spec="%.2f"):
     return "-" if v is None else spec % v
 
 
+def level_config(url: str, c: int, procs: int, seconds: float, max_tokens: int,
+                 min_window=None, rcvbuf: int = 65536, **overrides) -> LevelConfig:
+    """The benchmark's LevelConfig; `overrides` set any other LevelConfig field (or replace one
+    of these)."""
+    fields = dict(base_url=url, model="servelab-sim", api="openai_chat", concurrency=c,
+                  max_tokens=max_tokens, ignore_eos=True, level_seconds=seconds,
+                  level_timeout=max(120.0, seconds * 6), processes=procs,
+                  min_window_requests=min_window, server_metrics=False,
+                  warmup_requests=1, socket_rcvbuf=rcvbuf)
+    fields.update(overrides)
+    return LevelConfig(**fields)
+
+
 def level(url: str, c: int, procs: int, seconds: float, max_tokens: int, min_window=None,
-          rcvbuf: int = 65536):
-    cfg = LevelConfig(base_url=url, model="servelab-sim", api="openai_chat", concurrency=c,
-                      max_tokens=max_tokens, ignore_eos=True, level_seconds=seconds,
-                      level_timeout=max(120.0, seconds * 6), processes=procs,
-                      min_window_requests=min_window, server_metrics=False,
-                      warmup_requests=1, socket_rcvbuf=rcvbuf)
-    return run_level(cfg, synthetic(64, max_tokens, count=64, seed=c))
+          rcvbuf: int = 65536, input_tokens: int = 64, **overrides):
+    cfg = level_config(url, c, procs, seconds, max_tokens, min_window, rcvbuf, **overrides)
+    return run_level(cfg, synthetic(input_tokens, max_tokens, count=64, seed=c))
 
 
 def bench_fixed(args, out: List[str]) -> List[Row]:
