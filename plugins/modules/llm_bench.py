@@ -183,6 +183,15 @@ options:
     description: Ask OpenAI servers for usage on every chunk (C(continuous_usage_stats)).
     type: bool
     default: true
+  rx_timestamps:
+    description:
+      - Which clock stamps a chunk's arrival. C(kernel) (Linux, plain HTTP) reads every socket
+        with the kernel's receive timestamp of its last segment, so the time the event loop took
+        to reach the socket is not in TTFT or ITL; C(user) takes the time at the read (HTTPS and
+        other platforms always do). The level row's C(rx_timestamps) says which one was used.
+    type: str
+    choices: [kernel, user]
+    default: kernel
   server_metrics:
     description: Sample the server's C(/metrics) through the level and report window figures.
     type: bool

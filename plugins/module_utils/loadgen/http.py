@@ -9,6 +9,16 @@ Timing rules (docs/architecture.md, 'Measurement'): t_send is taken immediately 
 `transport.write` (which, on an idle connection, hands the bytes to the kernel within the call);
 t_first/t_last are the arrival of the first/last chunk that carried generated tokens.
 
+Arrival times come from the kernel where it can give them (`rx_timestamps: kernel`, Linux, plain
+TCP): the connection reads with recvmsg and SO_TIMESTAMPNS, and a read's time is when the kernel
+received its last segment, not when the event loop got round to the socket. With C streams busy,
+one loop iteration serves many sockets, and the wait for the turn (milliseconds at C=256 on a
+shared core) was the largest part of the TTFT a client adds. The kernel's clock is
+CLOCK_REALTIME; it is brought onto CLOCK_MONOTONIC by its age at the read (realtime now minus the
+stamp), so a clock step between the two costs at most that read's stamp (an age out of range
+falls back to the read time). TLS connections, other platforms and `rx_timestamps: user` take
+the time at the read, as before.
+
 APIs:
 - openai_chat / openai_completions: `stream_options: {include_usage, continuous_usage_stats}`;
   per-chunk cumulative `usage.completion_tokens` (SGLang, vLLM) gives per-chunk token counts.
@@ -21,6 +31,8 @@ import asyncio
 import json
 import re
 import socket
+import struct
+import sys
 import time
 from typing import Callable, List, Optional
 from urllib.parse import urlsplit
@@ -28,6 +40,7 @@ from urllib.parse import urlsplit
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     RequestTiming, TOKENS_CHUNKS, TOKENS_SERVER,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import RX_KERNEL, RX_USER
 
 API_OPENAI_CHAT = "openai_chat"
 API_OPENAI_COMPLETIONS = "openai_completions"
@@ -41,6 +54,15 @@ API_PATHS = {
 }
 
 _monotonic_ns = time.monotonic_ns
+_realtime_ns = time.time_ns
+NS_PER_S = 1_000_000_000
+
+RX_MODES = (RX_KERNEL, RX_USER)             # the option's choices, in results.levels' words
+# Linux's SO_TIMESTAMPNS (its control message type is the same number); Python does not export it.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("qq")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+MAX_STAMP_AGE_NS = 10 * NS_PER_S             # older (or negative): the clock was stepped
 _COMPLETION_TOKENS = b'"completion_tokens":'
 _CT_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _MAX_ERROR_BODY = 4096
@@ -177,6 +199,15 @@ class StreamConnection(asyncio.BufferedProtocol):
         now = _monotonic_ns()
         self.last_activity = now
         self._dispatch(data, now)
+
+    def buffer_updated_at(self, nbytes: int, stamp: int, now: int):
+        """buffer_updated, with the arrival time given (RxStampTransport: the kernel's)."""
+        self.last_activity = now
+        data = self._rbuf[:nbytes].tobytes()
+        if self._state == _CHUNKED:
+            self._feed_chunked(data, stamp)
+        else:
+            self._dispatch(data, stamp)
 
     def _dispatch(self, data: bytes, now: int):
         state = self._state
@@ -636,36 +667,194 @@ class StreamConnection(asyncio.BufferedProtocol):
         self.on_done(self, req)
 
 
+class RxStats:
+    """Reads of one client process, and how many of them the kernel stamped."""
+    __slots__ = ("reads", "kernel_reads")
+
+    def __init__(self):
+        self.reads = 0
+        self.kernel_reads = 0
+
+    @property
+    def mode(self) -> str:
+        """RX_KERNEL when every read had the kernel's stamp, else RX_USER."""
+        return RX_KERNEL if self.reads and self.kernel_reads == self.reads else RX_USER
+
+
+def kernel_stamps_possible() -> bool:
+    return sys.platform.startswith("linux") and bool(_ANCILLARY)
+
+
+class RxStampTransport:
+    """A plain-TCP asyncio transport for one StreamConnection that reads with recvmsg_into and
+    hands each read to the protocol with the kernel's receive time of its last segment
+    (`buffer_updated_at`). Writes go straight to the socket (requests are small; a partial write
+    waits for writability). The surface the load generator uses: write, close, abort,
+    is_closing, get_extra_info; connection_lost is called soon after a close, as asyncio does."""
+
+    def __init__(self, loop, sock: socket.socket, protocol: StreamConnection,
+                 stats: Optional[RxStats] = None):
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._stats = stats if stats is not None else RxStats()
+        self._wbuf = bytearray()
+        self._closing = False
+        self._lost_scheduled = False
+        protocol.connection_made(self)
+        loop.add_reader(self._fd, self._read_ready)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _read_ready(self):
+        protocol = self._protocol
+        try:
+            nbytes, ancdata, _flags, _addr = self._sock.recvmsg_into(
+                [protocol.get_buffer(-1)], _ANCILLARY)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._force_close(exc)
+            return
+        now = _monotonic_ns()
+        if not nbytes:
+            self._force_close(None)         # EOF: the protocol settles a close-framed body
+            return
+        stats = self._stats
+        stats.reads += 1
+        stamp = now
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                age = _realtime_ns() - (sec * NS_PER_S + nsec)
+                if 0 <= age < MAX_STAMP_AGE_NS:
+                    stamp = now - age
+                    stats.kernel_reads += 1
+        protocol.buffer_updated_at(nbytes, stamp, now)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self._closing:
+            return
+        if not self._wbuf:
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._force_close(exc)
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+            self._loop.add_writer(self._fd, self._write_ready)
+        self._wbuf.extend(data)
+
+    def _write_ready(self):
+        try:
+            sent = self._sock.send(self._wbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._force_close(exc)
+            return
+        del self._wbuf[:sent]
+        if not self._wbuf:
+            self._loop.remove_writer(self._fd)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._force_close(None)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def _force_close(self, exc) -> None:
+        if self._lost_scheduled:
+            return
+        self._closing = True
+        self._lost_scheduled = True
+        self._loop.remove_reader(self._fd)
+        if self._wbuf:
+            self._wbuf.clear()
+            self._loop.remove_writer(self._fd)
+        self._loop.call_soon(self._connection_lost, exc)
+
+    def _connection_lost(self, exc) -> None:
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()
+
+    def get_extra_info(self, name: str, default=None):
+        if name == "socket":
+            return self._sock
+        if name == "peername":
+            try:
+                return self._sock.getpeername()
+            except OSError:
+                return default
+        return default
+
+
 async def open_connection(loop, endpoint: Endpoint, api: str, on_done, on_lost,
-                          timeout: float, rcvbuf: Optional[int] = None) -> StreamConnection:
+                          timeout: float, rcvbuf: Optional[int] = None,
+                          rx_timestamps: str = RX_KERNEL,
+                          rx_stats: Optional[RxStats] = None) -> StreamConnection:
     """Connect one StreamConnection. `rcvbuf` caps the socket's receive buffer (set before the
     connect, so the TCP window follows it): a flood of chunks then waits in the server, not in
-    megabytes of kernel buffer between the server's emission and the client's timestamp."""
+    megabytes of kernel buffer between the server's emission and the client's timestamp.
+    `rx_timestamps` kernel: plain TCP on Linux reads through RxStampTransport (module docstring);
+    `rx_stats` counts its reads and stamped reads."""
     ssl_ctx = None
     if endpoint.tls:
         import ssl
         ssl_ctx = ssl.create_default_context()
     conn = StreamConnection(api, on_done, on_lost)
+    stamped = rx_timestamps == RX_KERNEL and ssl_ctx is None and kernel_stamps_possible()
 
     async def connect():
-        if not rcvbuf:
+        if not rcvbuf and not stamped:
             return await loop.create_connection(lambda: conn, endpoint.host, endpoint.port,
                                                 ssl=ssl_ctx)
         infos = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
         family, kind, proto, _canonname, addr = infos[0]
         sock = socket.socket(family, kind, proto)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(rcvbuf))
+            if rcvbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(rcvbuf))
             sock.setblocking(False)
             await loop.sock_connect(sock, addr)
         except BaseException:
             sock.close()
             raise
+        if stamped and _enable_stamps(sock):
+            return RxStampTransport(loop, sock, conn, rx_stats), conn
+        if rx_stats is not None:
+            rx_stats.reads += 1     # a connection read at user time: the level is not "kernel"
         return await loop.create_connection(lambda: conn, sock=sock, ssl=ssl_ctx,
                                             server_hostname=endpoint.host if ssl_ctx else None)
 
+    if not rcvbuf and not stamped and rx_stats is not None:
+        rx_stats.reads += 1
     await asyncio.wait_for(connect(), timeout)
     return conn
+
+
+def _enable_stamps(sock: socket.socket) -> bool:
+    """Kernel receive timestamps (and no Nagle, as asyncio's own transports set) on sock."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:
@@ -695,5 +884,6 @@ def http_get(url: str, timeout: float = 5.0) -> str:
 
 __all__: List[str] = [
     "Endpoint", "StreamConnection", "request_body", "open_connection", "http_get", "APIS",
+    "RxStampTransport", "RxStats", "RX_KERNEL", "RX_USER", "RX_MODES",
     "API_OPENAI_CHAT", "API_OPENAI_COMPLETIONS", "API_SGLANG_GENERATE",
 ]

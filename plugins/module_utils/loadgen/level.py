@@ -51,7 +51,7 @@ from typing import Dict, List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import LevelCpu, usable_cpus
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
-    APIS, Endpoint, http_get, open_connection, request_body,
+    APIS, RX_KERNEL, RX_MODES, RX_USER, Endpoint, RxStats, http_get, open_connection, request_body,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     CANCELLED_PREFIX, LevelPart, LevelRow, NS_PER_S, RequestTiming, batch_means_ci95, level_row,
@@ -80,6 +80,8 @@ READ_MIN, READ_MAX = 4096, 65536
 TICK_S = 0.010                   # client tick: lag sample, stop check, stall check
 CONTROL_S = 0.010                # controller poll interval
 ERROR_BACKOFF_S = 0.1            # a worker whose request failed waits this long (no hot loop)
+ARRIVAL_SPIN_S = 0.00105         # open loop: the last stretch before an arrival is polled
+POISSON_BLOCK = 16               # open loop: gaps drawn stratified in blocks of this many
 
 STOP_NONE, STOP_DONE, STOP_TIMEOUT, STOP_FAILING, STOP_ABORT = 0, 1, 2, 3, 4
 STOP_REASONS = {STOP_DONE: STOP_WINDOW_COMPLETE, STOP_TIMEOUT: STOP_LEVEL_TIMEOUT,
@@ -127,6 +129,7 @@ class LevelConfig:
     extra_body: Dict[str, object] = field(default_factory=dict)
     api_key: Optional[str] = None
     per_chunk_usage: bool = True
+    rx_timestamps: str = RX_KERNEL  # chunk arrival times: the kernel's (http.py), or at the read
     server_metrics: bool = True
     metrics_path: str = "/metrics"
     metrics_interval: float = 1.0
@@ -144,6 +147,8 @@ class LevelConfig:
         if self.api != "sglang_generate" and not self.model:
             bad("model", "required for the OpenAI APIs (the name the server serves, see "
                          "GET /v1/models)")
+        if self.rx_timestamps not in RX_MODES:
+            bad("rx_timestamps", "expected one of %s" % ", ".join(RX_MODES))
         if self.load_mode not in LOAD_MODES:
             bad("load_mode", "expected one of %s" % ", ".join(LOAD_MODES))
         if int(self.concurrency) < 1:
@@ -239,6 +244,7 @@ class _Client:
         self.lag_max = 0.0
         self.ticks = 0
         self.synced = (0, 0)        # the (ws, we) that _reconcile last settled
+        self.rx_stats = RxStats()
         self.cpu_start = self.cpu_ws = self.cpu_we = self.cpu_end = None
         self.loop = None
         # open loop
@@ -246,6 +252,7 @@ class _Client:
         self.conns = 0
         self.backlog: List[int] = []
         self.next_arrival = 0
+        self.gaps: List[float] = []         # the Poisson block still to send (_poisson_gap)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -364,7 +371,8 @@ class _Client:
         try:
             conn = await open_connection(self.loop, self.endpoint, self.cfg.api,
                                          self._on_done_closed, self._on_lost,
-                                         self.cfg.connect_timeout, self.cfg.socket_rcvbuf)
+                                         self.cfg.connect_timeout, self.cfg.socket_rcvbuf,
+                                         self.cfg.rx_timestamps, self.rx_stats)
         except (OSError, asyncio.TimeoutError) as exc:
             w.connecting = False
             req = self._new_request(w.wid)
@@ -395,12 +403,33 @@ class _Client:
             # Interleave the processes' constant streams evenly.
             self.next_arrival = t0 + int(NS_PER_S / float(cfg.request_rate) * self.index)
         else:
-            self.next_arrival = t0 + int(self.rng.expovariate(rate) * NS_PER_S)
+            self.next_arrival = t0 + int(self._poisson_gap(rate) * NS_PER_S)
         self._arm_arrival()
 
+    def _poisson_gap(self, rate: float) -> float:
+        """The next exponential inter-arrival gap. Gaps are drawn in blocks of POISSON_BLOCK, one
+        from each of the block's equal-probability strata of the exponential distribution, in a
+        shuffled order: every gap is exponential with mean 1/rate, as i.i.d. draws are, but a
+        block's gaps sum to almost exactly POISSON_BLOCK/rate, so the offered rate over a window
+        of a few seconds is the rate asked for (i.i.d. draws miss it by 1/sqrt(N): 3% over 1000
+        arrivals) while the bursts within a block are Poisson's."""
+        if not self.gaps:
+            k = POISSON_BLOCK
+            rng = self.rng
+            self.gaps = [-math.log(1.0 - (i + rng.random()) / k) / rate for i in range(k)]
+            rng.shuffle(self.gaps)
+        return self.gaps.pop()
+
     def _arm_arrival(self):
+        """Wake for the next arrival. epoll rounds a timeout up to the next millisecond, so a
+        timer alone sends up to 1 ms late: the timer is set ARRIVAL_SPIN_S early, and the last
+        stretch is covered by re-queueing _arrive on every loop iteration (each one still serves
+        the sockets, with a zero poll timeout), so the send is late by one iteration at most."""
         delay = (self.next_arrival - time.monotonic_ns()) / NS_PER_S
-        self.loop.call_later(max(0.0, delay), self._arrive)
+        if delay > ARRIVAL_SPIN_S:
+            self.loop.call_later(delay - ARRIVAL_SPIN_S, self._arrive)
+        else:
+            self.loop.call_soon(self._arrive)
 
     def _arrive(self):
         if self.stopping:
@@ -411,7 +440,7 @@ class _Client:
         # Fire every arrival that is due (timers can be late; the schedule is not).
         while self.next_arrival <= now:
             self._dispatch(self.next_arrival)
-            gap = (1.0 / rate) if cfg.arrival == "constant" else self.rng.expovariate(rate)
+            gap = (1.0 / rate) if cfg.arrival == "constant" else self._poisson_gap(rate)
             self.next_arrival += int(gap * NS_PER_S)
         self._arm_arrival()
 
@@ -432,7 +461,8 @@ class _Client:
         try:
             conn = await open_connection(self.loop, self.endpoint, self.cfg.api,
                                          self._on_done_open, self._on_lost,
-                                         self.cfg.connect_timeout, self.cfg.socket_rcvbuf)
+                                         self.cfg.connect_timeout, self.cfg.socket_rcvbuf,
+                                         self.cfg.rx_timestamps, self.rx_stats)
         except (OSError, asyncio.TimeoutError) as exc:
             self.conns -= 1
             req = self._new_request(-1)
@@ -576,6 +606,7 @@ class _Client:
                               if self.cpu_ws is not None else None),
             "lag_p99_s": percentile(lag, 99) if lag else None,
             "lag_max_s": self.lag_max,
+            "rx_reads": self.rx_stats.reads, "rx_kernel_reads": self.rx_stats.kernel_reads,
         }
 
 
@@ -807,6 +838,9 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     row.window_complete = bool(ws and we and controller.window_complete)
     row.window_start_ns, row.window_end_ns = ws, we
     _client_honesty(row, [results[i] for i in range(nproc)], merged, nproc, cpu)
+    reads = sum(results[i]["rx_reads"] for i in range(nproc))
+    stamped = sum(results[i]["rx_kernel_reads"] for i in range(nproc))
+    row.rx_timestamps = RX_KERNEL if reads and stamped == reads else RX_USER
     if samples:
         row.server_metrics = window_figures(samples, ws, we)
     elif sampler is not None and sampler.note:

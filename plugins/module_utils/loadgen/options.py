@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-    APIS, ARRIVALS, LOAD_MODES, LevelConfig,
+    APIS, ARRIVALS, LOAD_MODES, RX_MODES, LevelConfig,
 )
 
 _LEVEL_DEFAULTS = {f.name: f.default for f in fields(LevelConfig) if f.default is not MISSING}
@@ -55,6 +55,7 @@ ARGUMENT_SPEC = dict(
     socket_rcvbuf=dict(type="int", default=_default("socket_rcvbuf")),
     seed=dict(type="int", default=_default("seed")),
     per_chunk_usage=dict(type="bool", default=_default("per_chunk_usage")),
+    rx_timestamps=dict(type="str", default=_default("rx_timestamps"), choices=list(RX_MODES)),
     server_metrics=dict(type="bool", default=_default("server_metrics")),
     results_dir=dict(type="path"),
     return_requests=dict(type="bool", default=True),
