@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
 from simproc import ServerProcess
@@ -51,3 +53,24 @@ def test_open_loop_reports_achieved_rate_and_send_lateness():
     assert rate.arrival_rate_s == round(rate.requests / rate.window_s, 4)
     assert 0 <= rate.send_lateness_p50_ms <= rate.send_lateness_p99_ms < 50
     assert closed.arrival_rate_s is None and closed.send_lateness_p99_ms is None
+
+
+def test_poisson_gaps_are_exponential_and_hold_the_rate_block_by_block():
+    import math
+    import mmap
+
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level as lv
+    shm = memoryview(mmap.mmap(-1, 8 * (lv.G_SLOTS + lv.C_SLOTS))).cast("q")
+    client = lv._Client(cfg("http://127.0.0.1:9", load_mode="rate", request_rate=200.0), 0, 1,
+                        [], [b"x"], shm)
+    rate, block = 200.0, lv.POISSON_BLOCK
+    gaps = [client._poisson_gap(rate) for _ in range(block * 1000)]
+    # Each block lasts exactly its expected length (i.i.d. draws: +-25% for 16 gaps).
+    sums = [sum(gaps[i:i + block]) * rate / block for i in range(0, len(gaps), block)]
+    assert max(abs(s - 1) for s in sums) < 1e-9
+    # ... while the gaps themselves are exponential: P(gap > t) = exp(-rate t).
+    for t in (0.5 / rate, 1 / rate, 2 / rate):
+        share = sum(1 for g in gaps if g > t) / len(gaps)
+        assert share == pytest.approx(math.exp(-rate * t), abs=0.01)
+    # ... and not a fixed pattern: consecutive blocks are ordered differently.
+    assert gaps[:block] != gaps[block:2 * block]

@@ -409,14 +409,16 @@ class _Client:
     def _poisson_gap(self, rate: float) -> float:
         """The next exponential inter-arrival gap. Gaps are drawn in blocks of POISSON_BLOCK, one
         from each of the block's equal-probability strata of the exponential distribution, in a
-        shuffled order: every gap is exponential with mean 1/rate, as i.i.d. draws are, but a
-        block's gaps sum to almost exactly POISSON_BLOCK/rate, so the offered rate over a window
-        of a few seconds is the rate asked for (i.i.d. draws miss it by 1/sqrt(N): 3% over 1000
-        arrivals) while the bursts within a block are Poisson's."""
+        shuffled order, and scaled so that the block lasts exactly POISSON_BLOCK/rate: each gap
+        is (very nearly) exponential with mean 1/rate, as i.i.d. draws are, and the bursts within
+        a block are Poisson's, but the offered rate over any window longer than a few blocks is
+        the rate asked for (i.i.d. draws miss it by 1/sqrt(N): 3% over 1000 arrivals)."""
         if not self.gaps:
             k = POISSON_BLOCK
             rng = self.rng
-            self.gaps = [-math.log(1.0 - (i + rng.random()) / k) / rate for i in range(k)]
+            gaps = [-math.log(1.0 - (i + rng.random()) / k) for i in range(k)]
+            scale = k / rate / sum(gaps)
+            self.gaps = [g * scale for g in gaps]
             rng.shuffle(self.gaps)
         return self.gaps.pop()
 
