@@ -63,7 +63,10 @@ request sent its first chunk), --error-rate P (HTTP 500, or for a stream: an err
 half the tokens then [DONE]), --stall-every N --stall-ms M (every N-th request stops emitting
 for M ms after half its tokens), --malformed-every N (every N-th streamed request gets one
 broken JSON event after its first chunk), --startup-delay S (503 from /health,
-/health_generate and generation requests for S seconds).
+/health_generate and generation requests for S seconds), --abort-delay-ms M (a client that
+disconnects mid-request is noticed M wall-clock ms late: its request keeps generating, holds its
+batch slot and stays in `num_running_reqs` until then, as on a server whose abort arrives late;
+0, the default, cancels it at once).
 
 predict_level() and predict_crossover() give the model's closed-loop steady state from a fast
 discrete-event simulation of the same scheduler logic with the same seeded draws (not the live
@@ -691,6 +694,7 @@ class ServerConfig:
     malformed_every: int = 0
     startup_delay: float = 0.0
     health_timeout: float = 20.0
+    abort_delay_ms: float = 0.0      # a disconnected client's request runs on this long (wall ms)
 
 
 def _dumps(obj: Any) -> str:
@@ -836,7 +840,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._resume is not None and not self._resume.done():
             self._resume.set_result(None)
         if self.active is not None and not self.active.finished:
-            self.server.cancel(self.active, "client disconnected")
+            self.server.client_gone(self.active)
 
     def pause_writing(self):
         self.paused = True
@@ -1287,6 +1291,19 @@ class SimServer:
     def cancel(self, req: SimRequest, reason: str) -> None:
         req.cancelled = True
         self._finish_error(req, reason, send=False)
+
+    def client_gone(self, req: SimRequest) -> None:
+        """The client of `req` disconnected: cancel it now, or --abort-delay-ms later (it keeps
+        generating into the closed connection until then, unless it finishes first)."""
+        delay = self.cfg.abort_delay_ms / 1000.0
+        if delay <= 0 or self.loop is None:
+            self.cancel(req, "client disconnected")
+            return
+
+        def late_abort():
+            if not req.finished:
+                self.cancel(req, "client disconnected (noticed after --abort-delay-ms)")
+        self.loop.call_later(delay, late_abort)
 
     # ---- batched scheduler
     def _enqueue(self, req: SimRequest) -> None:
@@ -1752,6 +1769,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="every N-th streamed request gets one broken JSON event")
     ap.add_argument("--startup-delay", type=float, default=0.0, metavar="S",
                     help="seconds of 503 (starting) before the server is ready")
+    ap.add_argument("--abort-delay-ms", type=float, default=0.0, metavar="MS",
+                    help="a disconnected client's request keeps running this many wall-clock "
+                         "ms before it is cancelled (0: at once)")
     ap.add_argument("--fit-report", action="store_true",
                     help="print the profiles' fit to the field data and exit")
     group = ap.add_argument_group("profile parameter overrides (model milliseconds)")
@@ -1783,7 +1803,8 @@ def config_from_args(argv: Optional[Sequence[str]] = None
     profile, _params = resolve_profile(dict(overrides, profile=args.profile))
     checks = ((args.die_after, "--die-after", 0), (args.stall_every, "--stall-every", 0),
               (args.malformed_every, "--malformed-every", 0), (args.stall_ms, "--stall-ms", 0),
-              (args.startup_delay, "--startup-delay", 0), (args.port, "--port", 0))
+              (args.startup_delay, "--startup-delay", 0), (args.port, "--port", 0),
+              (args.abort_delay_ms, "--abort-delay-ms", 0))
     for value, flag, minimum in checks:
         if value < minimum:
             raise SimError(f"{flag} must be >= {minimum} (got {value})")
@@ -1799,7 +1820,7 @@ def config_from_args(argv: Optional[Sequence[str]] = None
         model_name=args.model_name, seed=args.seed, truth_log=args.truth_log,
         die_after=args.die_after, error_rate=args.error_rate, stall_every=args.stall_every,
         stall_ms=args.stall_ms, malformed_every=args.malformed_every,
-        startup_delay=args.startup_delay)
+        startup_delay=args.startup_delay, abort_delay_ms=args.abort_delay_ms)
     return cfg, args
 
 

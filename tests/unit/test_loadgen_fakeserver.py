@@ -6,7 +6,10 @@ Run as a script (the tests start it as a subprocess and end it by PID):
 It prints `fakeserver listening on http://127.0.0.1:PORT` and serves /v1/chat/completions,
 /v1/completions and /generate (SGLang-style, cumulative meta_info.completion_tokens), plus
 /metrics. Knobs vary what real servers vary: SSE separators, HTTP framing, usage reporting, JSON
-spacing, chunks split across writes, HTTP errors. The truth log has one JSON line per request:
+spacing, chunks split across writes, HTTP errors, no /metrics at all (`--metrics none`, like
+transformers serve), and work that goes on after a client disconnected (`--busy-after-disconnect-ms
+M --busy-ttft-ms X`: for M ms after a stream's client went away, the abandoned request still counts
+in `sglang:num_running_reqs` and every new request's TTFT is X ms longer). The truth log has one JSON line per request:
 t_recv_ns, t_first_ns, t_last_ns, chunks [[t_emit_ns, tokens], ...] (CLOCK_MONOTONIC, shared with
 the client on the same machine).
 
@@ -33,6 +36,14 @@ class FakeServer:
         self.truth = open(args.truth_log, "a", buffering=1) if args.truth_log else None
         self.requests = 0
         self.tokens = 0
+        self.streaming = 0          # streams in progress
+        self.abandoned = []         # monotonic end times of work left by disconnected clients
+
+    def busy_abandoned(self) -> int:
+        """Abandoned requests still being worked on (--busy-after-disconnect-ms)."""
+        now = time.monotonic()
+        self.abandoned = [t for t in self.abandoned if t > now]
+        return len(self.abandoned)
 
     async def handle(self, reader, writer):
         try:
@@ -47,9 +58,14 @@ class FakeServer:
                         length = int(line.split(":", 1)[1])
                 body = json.loads(await reader.readexactly(length)) if length else {}
                 if path == "/metrics":
+                    if self.a.metrics == "none":
+                        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                        await writer.drain()
+                        continue
                     text = ("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs"
-                            "{model_name=\"m\"} 1\nsglang:generation_tokens_total{model_name="
-                            "\"m\"} %d\n" % self.tokens).encode()
+                            "{model_name=\"m\"} %d\nsglang:num_queue_reqs{model_name=\"m\"} 0\n"
+                            "sglang:generation_tokens_total{model_name=\"m\"} %d\n"
+                            % (self.streaming + self.busy_abandoned(), self.tokens)).encode()
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(text), text))
                     await writer.drain()
@@ -63,6 +79,17 @@ class FakeServer:
             writer.close()
 
     async def stream(self, writer, path, body, t_recv):
+        self.streaming += 1
+        try:
+            return await self._stream(writer, path, body, t_recv)
+        except ConnectionError:
+            if self.a.busy_after_disconnect_ms:
+                self.abandoned.append(time.monotonic() + self.a.busy_after_disconnect_ms / 1e3)
+            raise
+        finally:
+            self.streaming -= 1
+
+    async def _stream(self, writer, path, body, t_recv):
         a = self.a
         self.requests += 1
         if a.exit_after and self.requests > a.exit_after:
@@ -102,13 +129,14 @@ class FakeServer:
         chunks = []
         sent = 0
         start = time.monotonic()
-        await asyncio.sleep(a.ttft_ms / 1000.0)
+        ttft_ms = a.ttft_ms + (a.busy_ttft_ms if self.busy_abandoned() else 0.0)
+        await asyncio.sleep(ttft_ms / 1000.0)
         text = ""
         i = 0
         while sent < n:
             k = min(a.tokens_per_chunk, n - sent)
             if i > 0:
-                target = start + a.ttft_ms / 1000.0 + i * a.step_ms * a.tokens_per_chunk / 1000.0
+                target = start + ttft_ms / 1000.0 + i * a.step_ms * a.tokens_per_chunk / 1000.0
                 delay = target - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -175,6 +203,12 @@ async def main(argv=None):
     p.add_argument("--split", action="store_true", help="split every event over two writes")
     p.add_argument("--fail-every", type=int, default=0, help="every Nth request gets HTTP 500")
     p.add_argument("--exit-after", type=int, default=0, help="exit at request N+1")
+    p.add_argument("--metrics", choices=("sglang", "none"), default="sglang",
+                   help="none: /metrics answers 404 (a server without a running-requests gauge)")
+    p.add_argument("--busy-after-disconnect-ms", type=float, default=0.0,
+                   help="a stream whose client disconnected keeps the server busy this long")
+    p.add_argument("--busy-ttft-ms", type=float, default=0.0,
+                   help="extra TTFT of requests that arrive while abandoned work is going on")
     p.add_argument("--truth-log")
     a = p.parse_args(argv)
     server = FakeServer(a)

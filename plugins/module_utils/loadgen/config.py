@@ -1,13 +1,17 @@
 """llm_bench options -> validated level configurations, and the sweep over them.
 
 Shared by the module (which runs levels on the bench client) and the action plugin (which checks
-the options on the controller before the first level, and applies the same stop rule).
+the options on the controller before the first level, and applies the same stop rule). Between
+levels the sweep waits for an idle server (drain.py).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.drain import (
+    NOT_DRAINED, Drainer, drain_plan,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
     LevelConfig, LoadgenError, run_level,
 )
@@ -102,20 +106,45 @@ class SweepOutcome:
         return [r for level in self.requests_by_level for r in level]
 
 
-def run_levels(configs: List[LevelConfig], workload: Workload) -> SweepOutcome:
-    """Run the levels in order; stop after a level that shows the server is not serving."""
+def _label(cfg) -> str:
+    if getattr(cfg, "load_mode", "concurrency") == "rate":
+        return "rate=%g/s" % cfg.request_rate
+    return "C=%d" % cfg.concurrency
+
+
+def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool = False,
+               drainer: Optional[Drainer] = None) -> SweepOutcome:
+    """Run the levels in order; stop after a level that shows the server is not serving.
+
+    After each level but the last (the last too with `drain_last`: another call runs the next
+    one) the sweep waits, bounded by drain_timeout, until the server is idle again, and records
+    the wait on that level's row (drain_s, drain_basis; drain.py says how idle is told). The
+    drainer's preparation (finding the server's gauge, or the idle TTFT) runs before the first
+    level, only when some level is to be drained."""
     outcome = SweepOutcome()
-    for cfg in configs:
+    timeout = float(getattr(configs[0], "drain_timeout", 0) or 0) if configs else 0.0
+    plan = drain_plan(len(configs), timeout, drain_last)
+    if any(plan) and drainer is None:
+        drainer = Drainer(configs[0])
+    if any(plan):
+        drainer.prepare()
+    for cfg, drain_after in zip(configs, plan):
         try:
             result = run_level(cfg, workload)
         except LoadgenError as exc:
             raise BenchOptionsError(str(exc)) from None
+        # The rule the report applies too: a level it will mark failed ends the sweep.
+        verdict = level_verdict(asdict(result.row))
+        drained = NOT_DRAINED
+        if drain_after and not verdict.failed:
+            drained = drainer.drain(_label(cfg))
+        result.row.drain_s, result.row.drain_basis = drained.seconds, drained.basis
         row = asdict(result.row)
         outcome.levels.append(row)
         outcome.requests_by_level.append(result.requests)
         outcome.warnings.extend(result.warnings)
-        # The rule the report applies too: a level it will mark failed ends the sweep.
-        verdict = level_verdict(row)
+        if drained.warning:
+            outcome.warnings.append(drained.warning)
         if verdict.failed:
             outcome.failure = "C=%d: %s" % (cfg.concurrency, verdict.reason)
             break
