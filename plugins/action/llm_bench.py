@@ -95,8 +95,9 @@ class ActionModule(ActionBase):
         # bench_remeasure); a run without that word never has a finished level overwritten.
         policy = finished_levels_policy(run_dir)
         result["kept_levels"] = kept = []
-        for step, cfg in zip(steps, configs):
-            level_args = dict(module_args, **step)
+        for index, (step, cfg) in enumerate(zip(steps, configs)):
+            # One level per module call: each but the sweep's last drains the server after it.
+            level_args = dict(module_args, drain_after=index < len(configs) - 1, **step)
             label = ("rate=%g/s" % step["request_rate"][0]) if rate_mode else (
                 "C=%d" % step["concurrency"][0])
             where = "%s/%s %s" % (args["host_label"], args.get("profile", "default"), label)

@@ -157,10 +157,19 @@ options:
   drain_timeout:
     description:
       - After a level's tail was cancelled, wait up to this many seconds for the server to be idle
-        again before the next level (its running-requests gauge at 0, else a probe request's TTFT
-        back to the idle value); the wait is recorded as C(drain_s). C(0) does not wait.
+        again before the next level (its running and queued gauges on C(/metrics) at 0, else
+        probe requests' TTFT back to the idle value; with O(server_metrics=false) it probes); the
+        wait is recorded as C(drain_s) and C(drain_basis). C(0) does not wait. The last level is
+        not drained (see O(drain_after)).
     type: float
     default: 30
+  drain_after:
+    description:
+      - Drain after the last level of this call too, because another call runs the next level.
+        The action plugin runs one level per module call and sets it on every level but the
+        sweep's last; a direct module call rarely needs it.
+    type: bool
+    default: false
   ramp_seconds:
     description:
       - Closed loop, the worker starts are spread over this many seconds (workers that start
@@ -295,7 +304,7 @@ def main():
                          msg="check mode: %d level(s) validated, %s; no load sent"
                              % (len(configs), workload.description))
     try:
-        outcome = run_levels(configs, workload)
+        outcome = run_levels(configs, workload, drain_last=params["drain_after"])
     except BenchOptionsError as exc:
         module.fail_json(msg=str(exc))
     result = dict(changed=False, levels=outcome.levels, warnings_text=outcome.warnings)

@@ -108,6 +108,10 @@ def test_sweep_writes_parts_levels_and_requests(tmp_path):
     for lv in levels:
         assert float(lv["output_tok_s"]) > 0 and lv["errors"] == "0"
         assert float(lv["goodput_request_s"]) > 0
+    # One level per module call: the first drains the server before the next (server_metrics
+    # false, so by probes), the sweep's last does not.
+    assert levels[0]["drain_basis"] == "probe" and float(levels[0]["drain_s"]) >= 0
+    assert levels[1]["drain_basis"] == "none" and levels[1]["drain_s"] == ""
     records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
     assert {r["concurrency"] for r in records} == {1, 3}
     ok = [r for r in records if r["error"] is None]

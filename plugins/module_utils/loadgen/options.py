@@ -51,6 +51,7 @@ ARGUMENT_SPEC = dict(
     target_ci_pct=dict(type="float"),
     processes=dict(type="int", default=_default("processes")),
     drain_timeout=dict(type="float", default=_default("drain_timeout")),
+    drain_after=dict(type="bool", default=False),
     ramp_seconds=dict(type="float", default=_default("ramp_seconds")),
     socket_rcvbuf=dict(type="int", default=_default("socket_rcvbuf")),
     seed=dict(type="int", default=_default("seed")),
@@ -71,7 +72,8 @@ ACTION_ARGUMENT_SPEC = dict(ARGUMENT_SPEC, **ACTION_ONLY_SPEC)
 ACTION_ONLY_OPTIONS = tuple(ACTION_ONLY_SPEC)
 
 # Module options that do not become LevelConfig fields.
-_NOT_LEVEL_FIELDS = ("workload", "results_dir", "return_requests", "concurrency", "request_rate")
+_NOT_LEVEL_FIELDS = ("workload", "results_dir", "return_requests", "concurrency", "request_rate",
+                     "drain_after")
 
 
 def with_defaults(params: dict) -> dict:
