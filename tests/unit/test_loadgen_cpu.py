@@ -172,3 +172,11 @@ def test_level_cpu_marks_and_window_figures():
     assert cpu.module_s() >= 0.04
     util = cpu.host_window_util()
     assert util is None or 0.0 < util <= 1.0
+
+
+@pytest.mark.parametrize("cpus, concurrency, expected", [
+    (2, 1, 1), (2, 256, 1),            # a 2-core machine: one CPU is left to everything else
+    (16, 1, 1), (16, 128, 1), (16, 129, 2), (16, 256, 2), (16, 5000, 15), (1, 256, 1)])
+def test_automatic_processes_leave_a_cpu_to_the_rest(monkeypatch, cpus, concurrency, expected):
+    monkeypatch.setattr(lv, "usable_cpus", lambda: cpus)
+    assert lv.auto_processes(concurrency) == expected
