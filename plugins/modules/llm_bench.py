@@ -220,7 +220,8 @@ attributes:
     description: Validates every option and builds the workload; sends no load.
 notes:
   - "Options of the action plugin only: C(run_id), C(results_root) (controller path, default
-    C(<playbook_dir>/results)), C(stop_on_failure) (default true)."
+    C(<playbook_dir>/results)), C(stop_on_failure) (default true), C(profile_index) and
+    C(profile_count) (where this sweep stands in the run: profile i of n, for the progress line)."
   - "The window: it opens when every worker has finished O(warmup_requests) requests, lasts
     O(level_seconds) and at least O(min_window_requests) sends; the load stays on until every
     request sent in the window has finished (so all ran under full load); the tail requests still

@@ -67,6 +67,10 @@ ACTION_ONLY_SPEC = dict(
     run_id=dict(type="str"),
     results_root=dict(type="path"),
     stop_on_failure=dict(type="bool", default=True),
+    # Where this sweep stands in the run, for the progress line and its ETA (the bench role sets
+    # them: profile 2 of 3); without them the line counts this sweep's levels only.
+    profile_index=dict(type="int"),
+    profile_count=dict(type="int"),
 )
 ACTION_ARGUMENT_SPEC = dict(ARGUMENT_SPEC, **ACTION_ONLY_SPEC)
 ACTION_ONLY_OPTIONS = tuple(ACTION_ONLY_SPEC)
