@@ -685,7 +685,7 @@ def main(argv=None):
                                           False, None, False)) for p in workload.prompts]
         if args.warmup_s:
             w = argparse.Namespace(**dict(vars(args), seconds=args.warmup_s))
-            fig, *_ = run_servelab(engine, max(levels), w, workload)
+            fig = run_servelab(engine, max(levels), w, workload)[0]
             report["warmup"] = fig
             print("warm-up C=%d: %s tok/s" % (max(levels), f(fig["output_tok_s"])), flush=True)
         order = 0

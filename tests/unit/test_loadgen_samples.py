@@ -64,7 +64,7 @@ def test_poisson_gaps_are_exponential_and_hold_the_rate_block_by_block():
     client = lv._Client(cfg("http://127.0.0.1:9", load_mode="rate", request_rate=200.0), 0, 1,
                         [], [b"x"], shm)
     rate, block = 200.0, lv.POISSON_BLOCK
-    gaps = [client._poisson_gap(rate) for _ in range(block * 1000)]
+    gaps = [client._poisson_gap(rate) for _draw in range(block * 1000)]
     # Each block lasts exactly its expected length (i.i.d. draws: +-25% for 16 gaps).
     sums = [sum(gaps[i:i + block]) * rate / block for i in range(0, len(gaps), block)]
     assert max(abs(s - 1) for s in sums) < 1e-9
