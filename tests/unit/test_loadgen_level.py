@@ -82,6 +82,12 @@ def test_closed_loop_window_and_figures_against_truth(tmp_path):
     assert all(r["error"] is None for r in window)       # every window request ran to the end
     outside = [r for r in reqs if not r["in_window"]]
     assert all(r["t_send"] < ws or r["t_send"] >= we for r in outside)
+    # Each record names its phase by the same rule.
+    assert all(r["phase"] == "window" for r in window)
+    for r in outside:
+        expected = ("cancelled" if (r["error"] or "").startswith(CANCELLED_PREFIX)
+                    else "warmup" if r["t_send"] < ws else "tail")
+        assert r["phase"] == expected, r
     # The tail that kept the load on was cut, not counted as errors.
     assert row.errors == 0 and row.run_errors == 0
     assert all(r["error"] is None or r["error"].startswith(CANCELLED_PREFIX) for r in reqs)

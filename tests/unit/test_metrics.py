@@ -178,3 +178,38 @@ def test_row_and_request_fields_follow_the_results_contract():
     record = request_row(req(0, [10, 20]))
     record.update(host="h", profile="p", concurrency=1)
     assert set(REQUEST_FIELDS) <= set(record)
+
+
+def test_request_rows_say_their_phase_error_kind_and_wall_clock_send_time():
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
+        ERROR_KIND_OTHER, PHASES, error_kind,
+    )
+    ws, we = 100 * MS, 200 * MS
+    offset = 1_700_000_000 * NS_PER_S
+    rows = {
+        name: request_row(r, ws, we, offset) for name, r in {
+            "warmup": req(50, [60], in_window=False),
+            "window": req(150, [160], in_window=True),
+            "tail": req(250, [260], in_window=False),
+            "cancelled": req(260, [270], in_window=False, error=CANCELLED_PREFIX + " level over"),
+        }.items()}
+    assert {name: row["phase"] for name, row in rows.items()} == {
+        "warmup": "warmup", "window": "window", "tail": "tail", "cancelled": "cancelled"}
+    assert set(PHASES) == {row["phase"] for row in rows.values()}
+    assert rows["window"]["t_send_unix_ns"] == 150 * MS + offset
+    assert rows["window"]["error_kind"] is None and rows["cancelled"]["error_kind"] == "cancelled"
+    # No window at all (a level that never warmed up): every request is warmup.
+    assert request_row(req(150, [160], in_window=False))["phase"] == "warmup"
+    # The kinds of the error texts llm_bench writes.
+    assert [error_kind(text) for text in (
+        "HTTP 503: overloaded", "connect failed: refused", "connection lost (closed by server)",
+        "stalled: no data for 120 s (stall_timeout)", "timeout: level_timeout reached",
+        "server error in stream: boom", "aborted by server: x", "malformed chunk: b'x'",
+        "stream ended without generated tokens", "something new")] == [
+        "http_status", "connect", "connection_lost", "stall", "timeout", "server_error",
+        "server_abort", "protocol", "no_tokens", ERROR_KIND_OTHER]
+    # The default offset is the wall clock's: a send just now is now.
+    import time
+    now = time.monotonic_ns()
+    fresh = request_row(RequestTiming(worker=0, request_id=1, t_send=now))
+    assert abs(fresh["t_send_unix_ns"] - time.time_ns()) < 5 * NS_PER_S

@@ -594,8 +594,9 @@ class _Client:
         part = reduce_requests(self.records, ws, we if we > ws else 0, self.cfg.ci_batches,
                                self.cfg.slo)
         rows = []
+        wall_offset = time.time_ns() - time.monotonic_ns()
         for r in self.records:
-            row = request_row(r)
+            row = request_row(r, ws, we if we > ws else 0, wall_offset)
             if self.cfg.keep_chunks:
                 row["chunk_times"] = list(r.chunk_times or ())
                 row["chunk_tokens"] = None if r.chunk_tokens is None else list(r.chunk_tokens)

@@ -31,6 +31,7 @@ the last token, as other tools report them.
 from __future__ import annotations
 
 import math
+import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -47,6 +48,39 @@ NS_PER_S = 1_000_000_000
 # that kept the load constant while the window's last requests finished). They are recorded for
 # transparency and are not counted as errors.
 CANCELLED_PREFIX = "cancelled:"
+
+# A request's phase in its level (requests.jsonl `phase`), by when it was sent.
+PHASE_WARMUP = "warmup"          # before the window opened
+PHASE_WINDOW = "window"          # inside the window: the level's figures come from these
+PHASE_TAIL = "tail"              # after the window closed, finished while the load stayed on
+PHASE_CANCELLED = "cancelled"    # still in flight when the level ended, cancelled
+PHASES = (PHASE_WARMUP, PHASE_WINDOW, PHASE_TAIL, PHASE_CANCELLED)
+
+# A failed request's kind (requests.jsonl `error_kind`), from the start of its error text: every
+# error llm_bench records begins with one of these (http.py, level.py).
+ERROR_KINDS = (
+    ("HTTP ", "http_status"),                   # the server answered with a non-200 status
+    ("connect failed", "connect"),
+    ("connection lost", "connection_lost"),
+    ("stalled:", "stall"),                      # nothing received for stall_timeout
+    ("timeout:", "timeout"),                    # level_timeout cut a window request
+    (CANCELLED_PREFIX, "cancelled"),            # the level's tail, not an error of the server
+    ("server error in stream", "server_error"),
+    ("aborted by server", "server_abort"),
+    ("stream ended without generated tokens", "no_tokens"),
+    ("malformed", "protocol"), ("unexpected chunk", "protocol"), ("response head", "protocol"),
+)
+ERROR_KIND_OTHER = "other"
+
+
+def error_kind(error: Optional[str]) -> Optional[str]:
+    """The kind of a recorded error text (ERROR_KINDS); None for a request that succeeded."""
+    if error is None:
+        return None
+    for prefix, kind in ERROR_KINDS:
+        if error.startswith(prefix):
+            return kind
+    return ERROR_KIND_OTHER
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,11 +242,26 @@ def itl_samples(r: RequestTiming, per_token: bool) -> List[Tuple[float, float]]:
     return out
 
 
-def request_row(r: RequestTiming) -> Dict[str, object]:
+def request_phase(r: RequestTiming, ws: int, we: int) -> str:
+    """PHASES: which part of the level [ws, we) the request was sent in (no window: warmup)."""
+    if r.cancelled:
+        return PHASE_CANCELLED
+    if r.in_window:
+        return PHASE_WINDOW
+    if we > ws > 0 and r.t_send >= we:
+        return PHASE_TAIL
+    return PHASE_WARMUP
+
+
+def request_row(r: RequestTiming, ws: int = 0, we: int = 0,
+                wall_offset_ns: Optional[int] = None) -> Dict[str, object]:
     """The per-request fields of requests.jsonl that come from measurement (results.REQUEST_FIELDS
-    minus host/profile/concurrency, which the caller adds)."""
+    minus host/profile/concurrency, which the caller adds). `wall_offset_ns` (realtime minus
+    monotonic, read once per level) gives the send time on the wall clock."""
     ttft = ttft_ns(r)
     e2e = e2e_ns(r)
+    if wall_offset_ns is None:
+        wall_offset_ns = time.time_ns() - time.monotonic_ns()
     tpot = tpot_ns(r)
     return {
         "worker": r.worker,
@@ -232,6 +281,9 @@ def request_row(r: RequestTiming) -> Dict[str, object]:
         "server_id": r.server_id,
         "queue_ms": (None if r.t_sched is None
                      else round((r.t_send - r.t_sched) / NS_PER_MS, 4)),
+        "t_send_unix_ns": r.t_send + wall_offset_ns,
+        "phase": request_phase(r, ws, we),
+        "error_kind": error_kind(r.error),
     }
 
 
