@@ -17,6 +17,11 @@ description:
     baseline, the crossover concurrency, a recommendation), C(report.html) (self-contained, with
     inline CSS and the plots embedded as base64 PNG, no network) and C(plots/throughput.png),
     C(plots/latency.png), C(plots/speedup.png), C(plots/comparison.png) (with O(compare_to)).
+  - Writes the run's data for pandas and other tools beside them, typed from servelab's field
+    table: C(levels.json) (with C(schema_version), valid against the C(levels.schema.json)
+    written with it), C(levels.parquet) and C(requests.parquet). Every level row carries the
+    run id, engine, engine version, model, simulator time scale and the host's GPU name and
+    count; every request its phase, error kind and wall-clock send time. Error texts are redacted.
   - The crossover of a profile on a host is the first measured level at which its output tok/s
     falls below the baseline's after having been above it at a lower level. Levels where either
     profile failed, hit more errors than O(max_error_rate), or was C(client_limited) are marked in

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report, write_report
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.export import EXPORT_FILES
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     LEVEL_COLUMNS,
     LEVELS,
@@ -74,14 +75,14 @@ def test_writes_summary_html_and_plots(run_dir):
     expected = {SUMMARY, REPORT_HTML} | {
         os.path.join(PLOTS_DIR, n) for n in ("throughput.png", "latency.png", "speedup.png")
     }
-    assert set(changed) == expected
+    assert set(changed) == expected | set(EXPORT_FILES)
     for rel in expected:
         assert os.path.isfile(os.path.join(run_dir, rel))
     for name in ("throughput.png", "latency.png", "speedup.png"):
         with open(os.path.join(run_dir, PLOTS_DIR, name), "rb") as fh:
             assert fh.read(8) == PNG_MAGIC
     assert sorted(report.as_result()["files"]) == sorted(
-        os.path.join(report.results_dir, r) for r in expected
+        os.path.join(report.results_dir, r) for r in expected | set(EXPORT_FILES)
     )
     # Atomic writes leave no temporary file behind.
     leftovers = [f for _root, _dirs, files in os.walk(run_dir) for f in files if f.startswith(".tmp-")]

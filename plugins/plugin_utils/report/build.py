@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import run_context
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import (
@@ -159,6 +160,9 @@ def build_report(
         REPORT_HTML: report_html(content).encode("utf-8"),
     }
     files.update({os.path.join(PLOTS_DIR, name): png for name, png in content.plots.items()})
+    if run.records is not None:
+        files.update(export.export_files(run.records.rows, run.records.request_files,
+                                         run.manifest, run.run_id))
     table = to_markdown(level_table(content))
     return ReportResult(
         results_dir=os.path.abspath(results_dir),

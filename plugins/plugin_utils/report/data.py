@@ -71,6 +71,7 @@ class RunData:
     request_errors: dict = field(default_factory=dict)  # (host, profile, C) -> [(error, count)]
     warnings: list = field(default_factory=list)
     rate_levels: pd.DataFrame | None = None  # open-loop (request-rate) rows, reported apart
+    records: LevelRecords | None = None  # the typed rows as read, and the request files
 
 
 @dataclass
@@ -315,4 +316,5 @@ def load_run(results_dir: str, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -
         request_errors=errors,
         warnings=warnings,
         rate_levels=rate_levels,
+        records=records,
     )
