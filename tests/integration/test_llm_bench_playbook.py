@@ -112,6 +112,11 @@ def test_sweep_writes_parts_levels_and_requests(tmp_path):
     # false, so by probes), the sweep's last does not.
     assert levels[0]["drain_basis"] == "probe" and float(levels[0]["drain_s"]) >= 0
     assert levels[1]["drain_basis"] == "none" and levels[1]["drain_s"] == ""
+    # Ansible runs on this machine: its own CPU is accounted beside the module's and the clients'.
+    for lv in levels:
+        assert lv["ansible_cpu_s"] != "" and float(lv["ansible_cpu_s"]) >= 0
+        assert float(lv["module_cpu_s"]) > 0 and float(lv["client_cpu_s"]) > 0
+        assert lv["rx_timestamps"] == "kernel" and int(lv["latency_samples"]) >= 1
     records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
     assert {r["concurrency"] for r in records} == {1, 3}
     ok = [r for r in records if r["error"] is None]
