@@ -29,7 +29,13 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options i
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     rebuild_run_files, write_level_files,
 )
-from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, run_lock
+from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import (
+    ManifestError, read_manifest, run_lock,
+)
+from ansible_collections.servelab.serving.plugins.plugin_utils.progress import (
+    estimate_eta, guess_level_seconds, level_walls_from_parts, progress_line, run_started,
+    server_start_seconds, sweep_stem,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PARTS_DIR
 from ansible_collections.servelab.serving.plugins.module_utils.run.lock import utc_now
 from ansible_collections.servelab.serving.plugins.plugin_utils.run_record import (
@@ -95,6 +101,7 @@ class ActionModule(ActionBase):
         # bench_remeasure); a run without that word never has a finished level overwritten.
         policy = finished_levels_policy(run_dir)
         result["kept_levels"] = kept = []
+        sweep_started, own_walls = time.time(), []   # for the progress line only
         for index, (step, cfg) in enumerate(zip(steps, configs)):
             # One level per module call: each but the sweep's last drains the server after it.
             level_args = dict(module_args, drain_after=index < len(configs) - 1, **step)
@@ -122,6 +129,9 @@ class ActionModule(ActionBase):
                 display.display("llm_bench %s: measured earlier%s, measuring it again%s" % (
                     where, " but failed (%s)" % verdict.reason if verdict.failed else "",
                     " (remeasure)" if policy == REMEASURE else ""))
+            display.display("llm_bench %s: %s" % (args["host_label"], self._progress_line(
+                run_dir, parts_dir, args, index, len(configs), label, own_walls, sweep_started)))
+            level_started = time.monotonic()
             display.display("llm_bench %s/%s %s: running (window %ss) on %s" % (
                 args["host_label"], args.get("profile", "default"), label,
                 args.get("level_seconds", 30), task_vars.get("inventory_hostname")))
@@ -138,6 +148,7 @@ class ActionModule(ActionBase):
                                        res.get("warnings_text") or [])
             finally:
                 clear_in_flight(run_dir, args["host_label"])
+            own_walls.append(time.monotonic() - level_started)
             for row in rows:
                 levels.append(row)
                 result["changed"] = True
@@ -166,6 +177,34 @@ class ActionModule(ActionBase):
         result["msg"] = "%d level(s) written to %s" % (len(levels) - len(kept), run_dir) + (
             ", %d kept from earlier in the run (%s)" % (len(kept), ", ".join(kept)) if kept else "")
         return result
+
+    @staticmethod
+    def _progress_line(run_dir, parts_dir, args, index, count, label, own_walls, sweep_started):
+        """'profile 2/2 eagle3 · level 3/8 C=5 · 01:42 elapsed · ETA 02:10' (plugin_utils/
+        progress.py): elapsed since the run started (its manifest), else since this sweep did;
+        the ETA from the wall time of the levels measured in this run so far (the other sweeps'
+        part files, this sweep's own levels), plus the servers' start times the manifest
+        recorded, per profile left. Never fails a sweep: a line it cannot make says so."""
+        profile = args.get("profile", "default")
+        profile_index, profile_count = args.get("profile_index"), args.get("profile_count")
+        try:
+            try:
+                manifest = read_manifest(run_dir)
+            except ManifestError:
+                manifest = {}
+            started = run_started(manifest)
+            elapsed = time.time() - (started if started is not None else sweep_started)
+            walls = level_walls_from_parts(parts_dir, since=started,
+                                           skip=sweep_stem(args["host_label"], profile))
+            eta = estimate_eta(
+                walls + own_walls, index + 1, count, profile_index, profile_count,
+                guess_s=guess_level_seconds(args.get("level_seconds", 30),
+                                            args.get("warmup_requests", 0)),
+                profile_overhead_s=server_start_seconds(manifest))
+            return progress_line(index + 1, count, label, elapsed, eta, profile, profile_index,
+                                 profile_count)
+        except Exception as exc:  # noqa: BLE001 - a progress line never stops a sweep
+            return "level %d/%d %s (no progress figures: %s)" % (index + 1, count, label, exc)
 
     @staticmethod
     def _finished_level(parts_dir, args, cfg, rate_mode):
