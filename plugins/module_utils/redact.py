@@ -229,16 +229,32 @@ def redact_text(text: Any, secrets: Iterable[str] = (), rules: Rules = DEFAULT_R
             return match.group(0)
         return match.group(1) + match.group(2) + _quoted_marker(match.group(3))
 
-    def assign(match):
-        if not is_secret_name(match.group(2), rules) or _is_marker(match.group(4)) \
-                or match.group(4) in _AUTH_SCHEMES:   # `Authorization: Bearer X`: X is the secret
-            return match.group(0)
-        return match.group(0)[:match.start(4) - match.start(0)] + _quoted_marker(match.group(4))
-
     text = _TEXT_BEARER.sub(lambda m: m.group(1) + m.group(2) + MARKER, text)
     text = _TEXT_FLAG.sub(flag, text)
-    text = _TEXT_ASSIGN.sub(assign, text)
+    text = _redact_assignments(text, rules)
     return _TEXT_URL_PASSWORD.sub(r"\1" + MARKER + r"\3", text)
+
+
+def _redact_assignments(text: str, rules: Rules) -> str:
+    """Every `name=value` / `name: value` whose name is secret, with the value masked. A match
+    whose name is not secret gives its value back to the scan: in `server_args: api_key='X'`
+    the value of `server_args` is itself the assignment `api_key='X'`."""
+    out = []
+    pos = 0
+    while True:
+        match = _TEXT_ASSIGN.search(text, pos)
+        if match is None:
+            break
+        value = match.group(4)
+        out.append(text[pos:match.start(4)])
+        if is_secret_name(match.group(2), rules) and not _is_marker(value) \
+                and value not in _AUTH_SCHEMES:   # `Authorization: Bearer X`: X is the secret
+            out.append(_quoted_marker(value))
+            pos = match.end()
+        else:
+            pos = match.start(4)
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact_cmdline(cmdline: Any, secrets: Iterable[str] = (), rules: Rules = DEFAULT_RULES) -> Any:

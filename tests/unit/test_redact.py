@@ -123,3 +123,15 @@ def test_redaction_is_idempotent():
     once = redact_cmdline(f"srv --api-key {CANARY} --token={CANARY}")
     assert redact_cmdline(once) == once
     assert redact_text(redact_text(f"api_key={CANARY}")) == f"api_key={MARKER}"
+
+
+@pytest.mark.parametrize("text, leaked", [
+    ("server_args: api_key='sk-live-123' model=m", "sk-live-123"),
+    ("ServerArgs(model_path=m, api_key='sk-live-123')", "sk-live-123"),
+    ("kwargs: token=tok-live-9 port=1", "tok-live-9"),
+    ("cfg: {password: hunter2-pass}", "hunter2-pass"),
+])
+def test_a_secret_assignment_inside_another_assignments_value_is_masked(text, leaked):
+    # The outer `name:` is not secret; its value is itself `secret_name=value`.
+    out = redact_text(text)
+    assert leaked not in out and MARKER in out, out
