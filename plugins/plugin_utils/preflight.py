@@ -20,6 +20,9 @@ context. The rules:
 - profiles through server/profiles.py's own validation (resolve_profile) and rendering
   (render_server) for the profile's engine (SGLang: for the newest pinned release; the installed
   release's rendering and flag check run on the GPU server, see module_utils/preflight.py);
+  an external profile (engine external: an endpoint servelab does not start) takes only
+  EXTERNAL_PROFILE_KEYS, and its base_url (else bench_base_url) must be http(s)://host[:port][/path]
+  without credentials, query or fragment;
 - the workload's shape through loadgen/workloads.check_spec; a jsonl file is read where the
   bench client reads it (a target check);
 - then llm_bench's own option check (loadgen/config.level_configs) over the options the role
@@ -34,11 +37,12 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.parsing.convert_bool import BOOLEANS
+from ansible.module_utils.parsing.convert_bool import BOOLEANS, boolean
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
     BenchOptionsError,
@@ -81,7 +85,12 @@ PLAYBOOK_VARIABLES = {
 # Set by playbooks/bench.yml's first play after the preflight; templates may refer to them.
 PLAYBOOK_SET = ("bench_run_id",)
 
-PROFILE_ROLE_KEYS = ("engine",)     # read by the role (tasks/profile.yml), not by llm_server
+# read by the role (tasks/profile.yml), not by llm_server
+PROFILE_ROLE_KEYS = ("engine", "base_url")
+EXTERNAL = "external"               # the engine of an endpoint servelab did not start
+# The keys an external profile may have: the rest (simulator, extra_args, tp, ...) describe a
+# server servelab launches, and would silently do nothing.
+EXTERNAL_PROFILE_KEYS = ("name", "engine", "base_url", "model")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LEVEL_TIMEOUT = float(BENCH_SPEC["level_timeout"]["default"])
 FIX = "fix it where it is set (group_vars, host_vars or -e)"
@@ -90,10 +99,35 @@ OPTION_VARIABLES = {
     "base_url": "bench_target_host/bench_server_port", "model": "bench_model", "api": "bench_api",
     "concurrency": "bench_concurrency", "workload": "bench_workload",
     "max_tokens": "bench_max_tokens", "level_seconds": "bench_level_seconds",
-    "level_timeout": "bench_level_seconds", "warmup_requests": "bench_warmup_requests",
+    "level_timeout": "bench_level_timeout", "warmup_requests": "bench_warmup_requests",
     "slo": "bench_slo", "min_latency_samples": "bench_min_latency_samples",
-    "drain_timeout": "bench_drain_timeout",
+    "drain_timeout": "bench_drain_timeout", "load_mode": "bench_load_mode",
+    "request_rate": "bench_request_rate", "arrival": "bench_arrival",
+    "processes": "bench_processes", "ignore_eos": "bench_ignore_eos",
+    "extra_body": "bench_extra_body", "min_window_requests": "bench_min_window_requests",
+    "max_requests": "bench_max_requests", "target_ci_pct": "bench_target_ci_pct",
+    "ci_batches": "bench_ci_batches", "stall_timeout": "bench_stall_timeout",
+    "ramp_seconds": "bench_ramp_seconds", "socket_rcvbuf": "bench_socket_rcvbuf",
+    "seed": "bench_seed", "per_chunk_usage": "bench_per_chunk_usage",
+    "rx_timestamps": "bench_rx_timestamps", "server_metrics": "bench_server_metrics",
 }
+# llm_bench options the role passes from a bench_* variable of the same name, by type
+# (tasks/profile.yml's sweep); None (an optional one unset) is left out, as the role omits it.
+SWEEP_OPTIONS = {
+    "int": ("max_tokens", "warmup_requests", "min_latency_samples", "processes",
+            "min_window_requests", "max_requests", "ci_batches", "socket_rcvbuf", "seed"),
+    "float": ("level_seconds", "level_timeout", "stall_timeout", "drain_timeout",
+              "target_ci_pct", "ramp_seconds"),
+    "bool": ("ignore_eos", "per_chunk_usage", "server_metrics"),
+    "str": ("api", "load_mode", "arrival", "rx_timestamps"),
+}
+
+
+# The variables the sweep check reads: one already found wrong skips it (no second message).
+SWEEP_VARIABLES = tuple(
+    ["bench_concurrency", "bench_workload", "bench_slo", "bench_target_host",
+     "bench_server_port", "bench_model", "bench_request_rate", "bench_extra_body"]
+    + ["bench_" + name for names in SWEEP_OPTIONS.values() for name in names])
 
 
 @dataclass(frozen=True)
@@ -347,6 +381,53 @@ def validator_messages(spec_options: Mapping[str, Mapping], values: Mapping[str,
 
 
 # ---------------------------------------------------------------------------------------------
+# External endpoints
+
+
+def _shown_url(parts) -> str:
+    """The URL without what may be a secret (user:password@, ?query, #fragment)."""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = "[%s]" % host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return "%s://%s%s%s" % (parts.scheme, host, ":%d" % port if port else "", parts.path)
+
+
+def base_url_problem(url: Any) -> Optional[str]:
+    """Why `url` is not the root of an endpoint llm_bench can measure (None: it is). Only
+    http(s)://host[:port][/path]: credentials belong in bench_api_key (a secret, never recorded),
+    and the URL is recorded in the manifest and the report. Never echoes a credential."""
+    example = "e.g. https://llm.example.com or http://10.0.0.5:8000/v1"
+    if not isinstance(url, str) or not url.strip():
+        return "empty; give the endpoint's root URL (%s)" % example
+    if any(c.isspace() for c in url):
+        return "%r has white space in it; give the endpoint's root URL (%s)" % (url.strip(), example)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return "not a URL (%s); give http(s)://host[:port][/path], %s" % (exc, example)
+    if parts.username is not None or parts.password is not None:
+        return ("%s carries credentials (user:password@ in the URL, not shown here): remove them "
+                "and give the key in bench_api_key (sent as a bearer token, masked, never "
+                "recorded)" % _shown_url(parts))
+    if parts.query or parts.fragment:
+        return ("%s has a query or fragment (not shown here): give the endpoint's root only (the "
+                "API paths /v1/... are added to it); a key goes in bench_api_key"
+                % _shown_url(parts))
+    if parts.scheme not in ("http", "https"):
+        return "%r: expected http:// or https:// (%s)" % (url, example)
+    if not parts.hostname:
+        return "%r names no host (%s)" % (url, example)
+    if port is not None and not 1 <= port <= 65535:
+        return "%r: port %d is not a TCP port (1-65535)" % (url, port)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
 # One host
 
 
@@ -371,14 +452,20 @@ def _check_numbers(inp: HostInput, add) -> None:
         add("bench_server_port", "bench_server_port: %s is not a TCP port (1-65535); set the "
                                  "port the server listens on" % port)
     seconds = v.get("bench_level_seconds")
+    timeout = v.get("bench_level_timeout", LEVEL_TIMEOUT)
+    timeout = _number(timeout) if _is_number(timeout) else LEVEL_TIMEOUT
     if _is_number(seconds):
         if _number(seconds) <= 0:
             add("bench_level_seconds", "bench_level_seconds: %s must be > 0 (the seconds of each "
                                        "level's measurement window, e.g. 20)" % seconds)
-        elif _number(seconds) >= LEVEL_TIMEOUT:
+        elif _number(seconds) >= timeout:
             add("bench_level_seconds", "bench_level_seconds: %s must be below llm_bench's "
-                                       "level_timeout (%g s), which bounds warmup + window + tail"
-                % (seconds, LEVEL_TIMEOUT))
+                                       "level_timeout (%g s, bench_level_timeout), which bounds "
+                                       "warmup + window + tail" % (seconds, timeout))
+    ready = v.get("bench_external_ready_timeout")
+    if _is_number(ready) and _number(ready) < 0:
+        add("bench_external_ready_timeout", "bench_external_ready_timeout: %s must be >= 0 "
+                                            "(seconds; 0 tries once)" % ready)
     for name, low, what in (("bench_server_ready_timeout", 0, "seconds"),
                             ("bench_max_tokens", 0, "tokens per request")):
         value = v.get(name)
@@ -444,6 +531,11 @@ def _check_misc(inp: HostInput, inventory_hosts: Sequence[str], add) -> None:
             if value is None:
                 add("bench_server_env", "bench_server_env.%s has no value; give a string or "
                                         "remove it" % key)
+    base_url = v.get("bench_base_url")
+    if isinstance(base_url, str) and base_url.strip():
+        why = base_url_problem(base_url)
+        if why:
+            add("bench_base_url", "bench_base_url: %s" % why)
 
 
 def _check_workload(inp: HostInput, add, targets: Dict[str, TargetCheck]) -> Optional[dict]:
@@ -471,17 +563,45 @@ def _check_workload(inp: HostInput, add, targets: Dict[str, TargetCheck]) -> Opt
     return spec
 
 
+def _check_external(label: str, raw: Mapping, v: Mapping, problem) -> Optional[str]:
+    """An external profile's keys and URL; the URL the sweep will use, or None."""
+    ok = True
+    for key in raw:
+        if key not in EXTERNAL_PROFILE_KEYS:
+            ok = False
+            problem("%s.%s: only for a server servelab launches; an external profile (engine "
+                    "external: an endpoint servelab does not start) takes %s only; remove %s, or "
+                    "give the profile an engine servelab starts" % (
+                        label, key, ", ".join(EXTERNAL_PROFILE_KEYS), key))
+    own = raw.get("base_url")
+    if own is None or (isinstance(own, str) and not own.strip()):
+        shared = v.get("bench_base_url")
+        if not (isinstance(shared, str) and shared.strip()):
+            problem("%s.base_url: required for an external profile (the endpoint's root, e.g. "
+                    "https://llm.example.com or http://10.0.0.5:8000/v1); or set bench_base_url "
+                    "for every external profile" % label)
+            return None
+        # bench_base_url has its own check (_check_misc).
+        return shared if ok and base_url_problem(shared) is None else None
+    why = base_url_problem(own)
+    if why:
+        problem("%s.base_url: %s" % (label, why))
+        return None
+    return own if ok else None
+
+
 def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
-                    targets: Dict[str, TargetCheck]) -> Tuple[int, Optional[str]]:
-    """(profiles checked, the model name the first one serves: llm_bench's `model`)."""
+                    targets: Dict[str, TargetCheck]) -> Tuple[int, Optional[str], Optional[str]]:
+    """(profiles checked, the model name the first one serves: llm_bench's `model`, and the
+    base_url of the first external profile when the host launches no server)."""
     v = inp.values
     profiles = v.get("bench_profiles")
     if profiles is None or profiles == []:
         add("bench_profiles", "bench_profiles: no profiles; give at least one, e.g. "
                               "[{name: baseline}] (keys: docs/contracts.md, llm_server profile)")
-        return 0, None
+        return 0, None, None
     if not isinstance(profiles, (list, tuple)):
-        return 0, None        # the type check has said so
+        return 0, None, None  # the type check has said so
     engines = tuple(spec["bench_engine"].choices) if "bench_engine" in spec else ENGINES
     default_engine = v.get("bench_engine")
     port = v.get("bench_server_port")
@@ -492,6 +612,7 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
     env = v.get("bench_server_env") if isinstance(v.get("bench_server_env"), Mapping) else {}
     seen: Dict[str, int] = {}
     first_model = None
+    external_url, launches = None, False
     for i, raw in enumerate(profiles):
         label = "bench_profiles[%d]" % i
         where = inp.origins.get(label, inp.origins.get("bench_profiles", ""))
@@ -533,6 +654,18 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
                 problem("%s.engine: %r is not one of %s; fix the profile where bench_profiles is "
                         "set" % (label, engine, ", ".join(engines)))
             continue          # a bad bench_engine is the type check's
+        if engine == EXTERNAL:
+            url = _check_external(label, raw, v, problem)
+            external_url = external_url or url
+            first_model = first_model or str(raw.get("model") or v.get("bench_model") or "")
+            continue
+        launches = True
+        if "base_url" in raw:
+            problem("%s.base_url: only for an external profile (engine external); servelab "
+                    "starts this one (engine %s) and reaches it at bench_target_host:"
+                    "bench_server_port; set engine: external or remove base_url"
+                    % (label, engine))
+            continue
         profile = {"model": v.get("bench_model")}
         profile.update({k: plain(val) for k, val in raw.items() if k not in PROFILE_ROLE_KEYS})
         try:
@@ -557,28 +690,42 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
                             "env": {str(k): str(val) for k, val in env.items()
                                     if val is not None},
                             "state_dir": state_dir}})
-    return len(seen), first_model
+    return len(seen), first_model, (None if launches else external_url)
+
+
+def _sweep_args(v: Mapping[str, Any]) -> Dict[str, Any]:
+    """The SWEEP_OPTIONS the role passes, converted as llm_bench's argument spec converts them
+    (a -e value is a string); an unset one (None, or a variable the host lacks) is left out."""
+    convert = {"int": lambda x: int(float(x)) if _is_int(x) else int(x), "float": _number,
+               "bool": lambda x: boolean(x, strict=True), "str": str}
+    out: Dict[str, Any] = {}
+    for kind, names in SWEEP_OPTIONS.items():
+        for name in names:
+            value = v.get("bench_" + name)
+            if value is not None:
+                out[name] = convert[kind](value)
+    return out
 
 
 def _check_sweep_options(inp: HostInput, workload: Optional[dict], model: Optional[str],
-                         add) -> None:
+                         add, base_url: Optional[str] = None) -> None:
     """llm_bench's own check over the options the role passes (profile.yml's sweep task)."""
     v = inp.values
     try:
         # The role passes these (tasks/profile.yml's sweep); their types were checked above.
-        args = {
-            "base_url": "http://%s:%s" % (v.get("bench_target_host"), v.get("bench_server_port")),
+        args = dict(_sweep_args(v), **{
+            "base_url": base_url or "http://%s:%s" % (v.get("bench_target_host"),
+                                                      v.get("bench_server_port")),
             "model": model or str(v.get("bench_model") or ""),
-            "api": v.get("bench_api"), "host_label": inp.host, "profile": "preflight",
+            "host_label": inp.host, "profile": "preflight",
             "concurrency": [int(c) for c in v.get("bench_concurrency") or []],
             "workload": workload or {"kind": "builtin"},
-            "max_tokens": int(v.get("bench_max_tokens")),
-            "level_seconds": _number(v.get("bench_level_seconds")),
-            "warmup_requests": int(v.get("bench_warmup_requests")),
-            "min_latency_samples": int(v.get("bench_min_latency_samples", 30)),
-            "drain_timeout": _number(v.get("bench_drain_timeout", 30)),
             "slo": plain(v.get("bench_slo") or {}),
-        }
+            "extra_body": plain(v.get("bench_extra_body") or {}),
+        })
+        rates = v.get("bench_request_rate")
+        if rates is not None:
+            args["request_rate"] = [_number(r) for r in rates]
         level_configs(args, read_workload=False)
     except (BenchOptionsError, ValueError, TypeError) as exc:
         text = str(exc)
@@ -614,14 +761,11 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
     _check_slo(inp, add)
     _check_misc(inp, inventory_hosts, add)
     workload = _check_workload(inp, add, targets) if "bench_workload" not in flagged else None
-    count, model = (0, None)
+    count, model, external_url = (0, None, None)
     if "bench_profiles" not in flagged and "bench_engine" not in inp.errors:
-        count, model = _check_profiles(inp, spec, add, targets)
-    sweep = ("bench_concurrency", "bench_workload", "bench_max_tokens", "bench_level_seconds",
-             "bench_warmup_requests", "bench_slo", "bench_api", "bench_target_host",
-             "bench_server_port", "bench_model")
-    if not flagged.intersection(sweep) and not set(sweep) & set(inp.errors):
-        _check_sweep_options(inp, workload, model, add)
+        count, model, external_url = _check_profiles(inp, spec, add, targets)
+    if not flagged.intersection(SWEEP_VARIABLES) and not set(SWEEP_VARIABLES) & set(inp.errors):
+        _check_sweep_options(inp, workload, model, add, external_url)
     return problems, count
 
 

@@ -8,7 +8,9 @@ every place a benchmark hands a secret over:
     tests/data/simulator_api_key.py, through the command engine),
   - extra_args [--api-key, ...] of a simulator, which rejects the flag and quotes it in its
     error: a server that fails to start, so a failing task's output is printed,
-  - bench_api_key (llm_bench's bearer token; the simulator ignores the header).
+  - bench_api_key (llm_bench's bearer token; the simulator ignores the header), which also goes
+    to an external endpoint (a simulator the test started: engine external), in its readiness
+    check (GET /v1/models, an Authorization header) and its sweep.
 bench.yml runs on the embedded default (small settings), once at default verbosity and once at
 -vvv. The canary must appear in no file under the results root, in no file under the state dir
 but the engines' own logs (0600: the simulator's error quotes its argv, as SGLang's log quotes
@@ -25,6 +27,7 @@ import subprocess
 import uuid
 
 import pytest
+from simproc import ServerProcess  # tests/ (conftest.py puts it on sys.path)
 
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
 
@@ -58,7 +61,7 @@ def _holding(directory, needle: bytes):
     return sorted(out)
 
 
-def _run(tmp_path, tag, verbosity):
+def _run(tmp_path, tag, verbosity, external_url):
     root, state_dir = tmp_path / "results", tmp_path / "servers"
     time_scale = 10
     profiles = [
@@ -73,6 +76,9 @@ def _run(tmp_path, tag, verbosity):
         {"name": "broken",
          "simulator": {"profile": "baseline", "time_scale": time_scale},
          "extra_args": ["--api-key", f"{tag}-broken-arg"]},
+        # an endpoint servelab did not start: the key goes to it as a bearer token
+        {"name": "outside", "engine": "external", "base_url": external_url,
+         "model": "servelab-sim"},
     ]
     extravars = {
         "bench_profiles": profiles,
@@ -110,7 +116,8 @@ def _run(tmp_path, tag, verbosity):
 @pytest.mark.parametrize("verbosity", [[], ["-vvv"]], ids=["default", "vvv"])
 def test_no_secret_in_results_state_or_output(tmp_path, verbosity):
     tag = f"servelab-canary-{uuid.uuid4().hex}"
-    done, root, state_dir = _run(tmp_path, tag, verbosity)
+    with ServerProcess("--profile", "baseline", "--time-scale", "10") as outside:
+        done, root, state_dir = _run(tmp_path, tag, verbosity, outside.url)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
 
@@ -118,7 +125,9 @@ def test_no_secret_in_results_state_or_output(tmp_path, verbosity):
     run_dir = (root / results.LATEST_LINK).resolve()
     manifest = json.loads((run_dir / results.MANIFEST).read_text())
     status = {p: rec["localhost"]["status"] for p, rec in manifest["profiles"].items()}
-    assert status == {"baseline": "finished", "keyed": "finished", "broken": "failed"}, status
+    assert status == {"baseline": "finished", "keyed": "finished", "broken": "failed",
+                      "outside": "finished"}, status
+    assert manifest["profiles"]["outside"]["localhost"]["engine"] == "external"
     assert "--api-key" in manifest["profiles"]["keyed"]["localhost"]["cmdline"]
     assert manifest["profiles"]["baseline"]["localhost"]["env"]["HF_TOKEN"] == "<redacted>"
     # the failing task's output is on the screen, readable, with the secret masked

@@ -70,8 +70,8 @@ def test_every_role_default_is_declared_in_the_argument_spec():
     assert set(DEFAULTS) <= set(SPEC), set(DEFAULTS) - set(SPEC)
 
 
-def test_the_role_engine_choices_are_the_engines_llm_server_renders():
-    assert set(SPEC["bench_engine"].choices) == set(ENGINES)
+def test_the_role_engine_choices_are_the_engines_llm_server_renders_and_external():
+    assert set(SPEC["bench_engine"].choices) == set(ENGINES) | {pf.EXTERNAL}
 
 
 def test_every_bench_variable_the_playbooks_roles_and_inventories_use_is_known():
@@ -191,16 +191,194 @@ def test_port_70000_is_named_as_bench_server_port():
 def test_level_seconds_zero_and_beyond_the_level_timeout():
     assert "0 must be > 0" in only(run(host(bench_level_seconds=0)), "bench_level_seconds")
     msg = only(run(host(bench_level_seconds=900)), "bench_level_seconds")
-    assert "below llm_bench's level_timeout (600 s)" in msg
+    assert "below llm_bench's level_timeout (600 s, bench_level_timeout)" in msg
 
 
 @pytest.mark.parametrize("variable, value, says", [
     ("bench_min_latency_samples", -1, "min_latency_samples: expected an integer >= 0"),
     ("bench_drain_timeout", -5, "drain_timeout: expected seconds >= 0"),
+    ("bench_processes", -1, "processes: expected >= 1 client processes, or 0 for automatic"),
+    ("bench_target_ci_pct", 0, "target_ci_pct: expected a percentage > 0"),
+    ("bench_min_window_requests", 0, "min_window_requests: expected an integer >= 1"),
+    ("bench_max_requests", 0, "max_requests: expected an integer >= 1"),
+    ("bench_ci_batches", 1, "ci_batches: expected >= 2 batches"),
+    ("bench_socket_rcvbuf", -1, "socket_rcvbuf: expected bytes >= 0"),
+    ("bench_ramp_seconds", -1, "ramp_seconds: expected seconds >= 0"),
+    ("bench_request_rate", [1, 2], "request_rate: only used with load_mode rate"),
 ])
 def test_sweep_options_llm_bench_refuses_name_the_bench_variable(variable, value, says):
     msg = only(run(host(**{variable: value})), variable)
     assert says in msg
+    assert msg.endswith("fix %s" % variable)
+
+
+@pytest.mark.parametrize("given, variable, says", [
+    # rate mode without rates
+    ({"bench_load_mode": "rate", "bench_concurrency": [8]}, "bench_request_rate",
+     "load_mode rate needs a list of request rates per second"),
+    ({"bench_load_mode": "rate", "bench_concurrency": [8], "bench_request_rate": [2, -1]},
+     "bench_request_rate", "-1.0 is not a positive number of requests per second"),
+    # the default eight closed-loop levels: rate mode takes one value, the cap in flight
+    ({"bench_load_mode": "rate", "bench_request_rate": [2, 4]}, "bench_concurrency",
+     "with load_mode rate give one value, the cap on requests in flight"),
+])
+def test_rate_mode_mistakes_name_the_bench_variable(given, variable, says):
+    msg = only(run(host(**given)), variable)
+    assert says in msg, msg
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"bench_load_mode": "rte"}, "bench_load_mode: 'rte' is not one of concurrency, rate; did "
+                                 "you mean rate?"),
+    ({"bench_arrival": "poison"}, "bench_arrival: 'poison' is not one of poisson, constant"),
+    ({"bench_rx_timestamps": "kernal"}, "bench_rx_timestamps: 'kernal' is not one of kernel, "
+                                        "user; did you mean kernel?"),
+    ({"bench_extra_body": "temperature=0"}, "bench_extra_body: expected a mapping, got a string"),
+    ({"bench_request_rate": "1,2"}, "bench_request_rate: '1,2' is a string; give a YAML list "
+                                    "[1, 2]"),
+    ({"bench_ignore_eos": "maybe"}, "bench_ignore_eos: 'maybe' is not true or false"),
+    ({"bench_server_metrics": "sometimes"}, "bench_server_metrics: 'sometimes' is not true or "
+                                            "false"),
+    ({"bench_processes": "two"}, "bench_processes: 'two' is a string, not an integer"),
+])
+def test_sweep_option_types_and_choices_name_the_variable(given, says):
+    report = run(host(**given))
+    assert any(says in t for t in texts(report)), texts(report)
+
+
+def test_good_rate_mode_and_every_sweep_option_pass():
+    report = run(host(bench_load_mode="rate", bench_request_rate=[0.5, 2, 8], bench_arrival="constant",
+                      bench_concurrency=[64], bench_processes=2, bench_target_ci_pct=2.5,
+                      bench_extra_body={"temperature": 0}, bench_ignore_eos=True,
+                      bench_min_window_requests=20, bench_max_requests=500, bench_ci_batches=8,
+                      bench_level_timeout=300, bench_stall_timeout=60, bench_ramp_seconds=0,
+                      bench_socket_rcvbuf=0, bench_seed=7, bench_per_chunk_usage=False,
+                      bench_rx_timestamps="user", bench_server_metrics=False))
+    assert report.ok, texts(report)
+    # -e key=value strings, as llm_bench converts them
+    report = run(host(bench_processes="2", bench_target_ci_pct="2.5", bench_ignore_eos="yes",
+                      bench_server_metrics="false", bench_level_timeout="300"))
+    assert report.ok, texts(report)
+
+
+def test_a_level_timeout_below_the_level_seconds_is_named():
+    msg = only(run(host(bench_level_timeout=10, bench_level_seconds=20)), "bench_level_seconds")
+    assert "must be below llm_bench's level_timeout (10 s, bench_level_timeout)" in msg
+
+
+def test_every_llm_bench_option_a_user_sets_is_a_bench_variable_the_role_passes():
+    """Each llm_bench option but the ones the action fills itself reaches the module from
+    tasks/profile.yml's sweep, names its bench_* variable in llm_bench's messages, and is a
+    declared role variable; the role's defaults of the new ones are llm_bench's own."""
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
+        ARGUMENT_SPEC,
+    )
+    with open(os.path.join(pf.ROLE_DIR, "tasks", "profile.yml"), encoding="utf-8") as fh:
+        block = yaml.safe_load(fh)[0]["block"]
+    [sweep] = [t for t in block if "servelab.serving.llm_bench" in t]
+    passed = set(sweep["servelab.serving.llm_bench"])
+    internal = {"results_dir", "return_requests", "drain_after"}
+    assert set(ARGUMENT_SPEC) - internal <= passed, set(ARGUMENT_SPEC) - internal - passed
+    # progress context: profile i of n
+    assert {"profile_index", "profile_count"} <= passed
+    labels = {"host_label", "profile", "api_key"}
+    assert set(ARGUMENT_SPEC) - internal - labels <= set(pf.OPTION_VARIABLES)
+    for option, variable in pf.OPTION_VARIABLES.items():
+        for name in variable.split("/"):
+            assert name in SPEC, (option, name)
+    for names in pf.SWEEP_OPTIONS.values():
+        for name in names:
+            assert "bench_" + name in SPEC, name
+    role_chosen = {"max_tokens", "level_seconds", "warmup_requests", "api"}
+    for names in pf.SWEEP_OPTIONS.values():
+        for name in set(names) - role_chosen:
+            assert DEFAULTS["bench_" + name] == ARGUMENT_SPEC[name].get("default"), name
+            assert OPTIONS["bench_" + name].get("default") == ARGUMENT_SPEC[name].get("default"), name
+    assert DEFAULTS["bench_request_rate"] is None and DEFAULTS["bench_extra_body"] == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# External endpoints (engine external)
+
+PROD = {"name": "prod", "engine": "external", "base_url": "https://llm.example.com/v1",
+        "model": "served-name"}
+
+
+def test_an_external_profile_passes_and_needs_nothing_on_a_target():
+    report = run(host(bench_profiles=[PROD]))
+    assert report.ok, texts(report)
+    assert report.profiles == 1 and report.target_checks == []
+    # beside launched profiles, and host-wide through bench_engine / bench_base_url
+    assert run(host(bench_profiles=PROFILES + [PROD])).ok
+    report = run(host(bench_engine="external", bench_base_url="http://10.0.0.5:8000",
+                      bench_profiles=[{"name": "router"}, {"name": "direct", "model": "m",
+                                                           "base_url": "http://10.0.0.6:8000/"}]))
+    assert report.ok, texts(report)
+
+
+def test_an_external_profile_without_a_base_url():
+    msg = only(run(host(bench_profiles=[{"name": "prod", "engine": "external"}])),
+               "bench_profiles[0] (prod).base_url")
+    assert "required for an external profile" in msg and "bench_base_url" in msg
+    msg = only(run(host(bench_engine="external", bench_profiles=[{"name": "prod"}])),
+               "bench_profiles[0] (prod).base_url")
+    assert "required for an external profile" in msg
+
+
+@pytest.mark.parametrize("url, says", [
+    ("ftp://llm.example.com", "expected http:// or https://"),
+    ("llm.example.com:8000", "expected http:// or https://"),
+    ("http://", "names no host"),
+    ("http://llm.example.com:99999", "not a URL"),
+    ("http://llm example.com", "white space"),
+    ("", "required for an external profile"),
+])
+def test_an_external_base_url_must_be_http_host_port_path(url, says):
+    msg = only(run(host(bench_profiles=[dict(PROD, base_url=url)])),
+               "bench_profiles[0] (prod).base_url")
+    assert says in msg, msg
+
+
+@pytest.mark.parametrize("url, secret", [
+    ("https://alice:s3cr3t-pw@llm.example.com/v1", "s3cr3t-pw"),
+    ("https://llm.example.com/v1?api_key=s3cr3t-q", "s3cr3t-q"),
+    ("https://llm.example.com/v1#s3cr3t-f", "s3cr3t-f"),
+])
+def test_credentials_in_an_external_url_are_refused_and_not_repeated(url, secret):
+    report = run(host(bench_profiles=[dict(PROD, base_url=url)]))
+    msg = only(report, "bench_profiles[0] (prod).base_url")
+    assert "bench_api_key" in msg and "https://llm.example.com/v1" in msg
+    assert secret not in "\n".join(texts(report))
+    report = run(host(bench_engine="external", bench_base_url=url,
+                      bench_profiles=[{"name": "prod"}]))
+    assert "bench_api_key" in only(report, "bench_base_url")
+    assert secret not in "\n".join(texts(report))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("simulator", {"profile": "baseline"}), ("extra_args", ["--tp", "8"]), ("tp", 8),
+    ("env", {"A": "1"}), ("command", ["serve"]), ("speculative", {"algorithm": "EAGLE3"}),
+])
+def test_launched_server_keys_in_an_external_profile_are_named(key, value):
+    msg = only(run(host(bench_profiles=[dict(PROD, **{key: value})])),
+               "bench_profiles[0] (prod).%s" % key)
+    assert "only for a server servelab launches" in msg and "remove %s" % key in msg
+
+
+def test_an_unknown_key_in_an_external_profile_gets_the_nearest():
+    msg = only(run(host(bench_profiles=[dict(PROD, base_ulr="http://x")])), "bench_profiles[0]")
+    assert "unknown key 'base_ulr'; did you mean base_url?" in msg
+
+
+def test_a_base_url_on_a_launched_profile_is_refused():
+    msg = only(run(host(bench_profiles=[dict(PROFILES[0], base_url="http://x:1")])),
+               "bench_profiles[0] (baseline).base_url")
+    assert "only for an external profile" in msg
+
+
+def test_external_ready_timeout_is_seconds_at_least_zero():
+    msg = only(run(host(bench_external_ready_timeout=-1)), "bench_external_ready_timeout")
+    assert "must be >= 0" in msg
 
 
 def test_a_typo_variable_gets_the_nearest_known_name():
@@ -238,8 +416,8 @@ def test_wrong_types_and_choices_name_the_variable():
     report = run(host(bench_engine="sglangg", bench_workload="kind=builtin", bench_reap="maybe",
                       bench_server_port="port"))
     joined = "\n".join(texts(report))
-    assert "bench_engine: 'sglangg' is not one of simulator, sglang, vllm, command; did you " \
-           "mean sglang?" in joined
+    assert "bench_engine: 'sglangg' is not one of simulator, sglang, vllm, command, external; " \
+           "did you mean sglang?" in joined
     assert "bench_workload: expected a mapping, got a string" in joined
     assert "bench_reap: 'maybe' is not true or false" in joined
     assert "bench_server_port: 'port' is a string, not an integer" in joined
