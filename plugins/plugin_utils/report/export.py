@@ -30,6 +30,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
     KIND_STR,
     ROW_COLUMNS,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.peer_export import peer_files
 
 LEVELS_JSON = "levels.json"
 LEVELS_SCHEMA = "levels.schema.json"
@@ -262,4 +263,5 @@ def export_files(rows: list, request_files: list, manifest: dict, run_id: str) -
     request_kinds = dict(REQUEST_COLUMNS)
     files[REQUESTS_PARQUET] = _parquet(
         _typed_frame(records, [n for n, _k in REQUEST_COLUMNS], request_kinds))
+    files.update(peer_files(rows, request_files, manifest, run_id))
     return files

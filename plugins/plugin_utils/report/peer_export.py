@@ -1,0 +1,153 @@
+"""A run's levels as vLLM's `vllm bench sweep` results, for `vllm bench sweep plot` and
+`vllm bench sweep plot_pareto` (checked against vLLM 0.33.0; the reader is unchanged since 0.25.0).
+
+Those plotters read every `**/summary.json` under the directory they are given: each a JSON list
+of flat run records, the keys `vllm bench serve --save-result` writes (milliseconds for latencies,
+tok/s and request/s for throughputs) merged with the sweep's parameters. They group figures, rows,
+columns and curves by any key of the record. So each level (host, profile, concurrency; and the
+request rate in open loop) becomes one summary.json in the directory `vllm bench sweep serve`
+would name for it: the serve setting is the host and profile, the bench setting the concurrency
+(vLLM's max_concurrency) and, in open loop, the request rate.
+
+Only servelab's own figures are written, under vLLM's names and in its units (both are ms and
+tok/s, so nothing is rescaled); what servelab does not measure is left out, never made up (std
+of the latencies, the E2E mean, vLLM's one-second peak output rate). Levels with no output rate
+are left out, as `sweep serve` leaves out a combination without a successful run.
+
+Controller only: bench_report writes these beside report.html (export.export_files).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+PEER_DIR = "vllm_sweep"
+SUMMARY_JSON = "summary.json"
+
+# vLLM's key -> servelab's level field (same unit).
+_FIGURES = (
+    ("duration", "window_s"),
+    ("request_throughput", "request_s"),
+    ("request_goodput", "goodput_request_s"),
+    ("output_throughput", "output_tok_s"),
+    ("total_token_throughput", "total_tok_s"),
+    ("mean_ttft_ms", "ttft_mean_ms"),
+    ("median_ttft_ms", "ttft_p50_ms"),
+    ("p50_ttft_ms", "ttft_p50_ms"),
+    ("p90_ttft_ms", "ttft_p90_ms"),
+    ("p99_ttft_ms", "ttft_p99_ms"),
+    ("mean_tpot_ms", "tpot_mean_ms"),
+    ("median_tpot_ms", "tpot_p50_ms"),
+    ("p50_tpot_ms", "tpot_p50_ms"),
+    ("p90_tpot_ms", "tpot_p90_ms"),
+    ("p99_tpot_ms", "tpot_p99_ms"),
+    ("mean_itl_ms", "itl_mean_ms"),
+    ("median_itl_ms", "itl_p50_ms"),
+    ("p50_itl_ms", "itl_p50_ms"),
+    ("p90_itl_ms", "itl_p90_ms"),
+    ("p99_itl_ms", "itl_p99_ms"),
+    ("median_e2el_ms", "e2e_p50_ms"),
+    ("p50_e2el_ms", "e2e_p50_ms"),
+    ("p90_e2el_ms", "e2e_p90_ms"),
+    ("p99_e2el_ms", "e2e_p99_ms"),
+)
+
+# servelab fields carried under their own names, to filter or group by (--filter-by, --curve-by).
+_CARRIED = ("host", "profile", "load_mode", "client_limited", "window_complete", "itl_basis",
+            "tokens_source", "output_tok_s_ci95")
+
+# What the level does not say; each record says which run it came from and on what.
+_DESCRIBING = ("run_id", "engine", "engine_version", "gpu_name", "gpu_count", "time_scale")
+
+
+def _number(value):
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if number != number else number      # NaN: not measured
+
+
+def _count(value):
+    number = _number(value)
+    return None if number is None else int(round(number))
+
+
+def _bench_setting(row: dict) -> dict:
+    """The sweep's bench parameters for a level, as `vllm bench serve` spells them."""
+    setting = {"max_concurrency": _count(row.get("concurrency"))}
+    if row.get("load_mode") == "rate" and _number(row.get("request_rate")) is not None:
+        setting["request_rate"] = _number(row.get("request_rate"))
+    return setting
+
+
+def _as_text(setting: dict) -> str:
+    return "-".join("%s=%s" % (k, v) for k, v in setting.items())
+
+
+def _directory(serve: dict, bench: dict) -> str:
+    # `sweep serve` names a combination "SERVE-" + "-" + serve text + "-BENCH-" + "-" + bench
+    # text, with '/' and '..' made harmless (its sanitize_filename).
+    name = "-".join(("SERVE-", _as_text(serve), "BENCH-", _as_text(bench)))
+    return name.replace("/", "_").replace("..", "__").strip("'").strip('"')
+
+
+def vllm_record(row: dict, described: dict) -> dict:
+    """One level as a `vllm bench sweep` run record (the keys its plotters read)."""
+    record = {}
+    for name in _DESCRIBING:
+        record[name] = described.get(name)
+    for name in _CARRIED:
+        value = row.get(name)
+        record[name] = None if isinstance(value, float) and value != value else value
+    for key, name in _FIGURES:
+        record[key] = _number(row.get(name))
+    window = _number(row.get("window_s"))
+    output = _number(row.get("output_tok_s"))
+    total = _number(row.get("total_tok_s"))
+    requests = _count(row.get("requests"))
+    errors = _count(row.get("errors")) or 0
+    record["completed"] = None if requests is None else requests - errors
+    record["failed"] = errors
+    record["num_prompts"] = requests
+    # Token totals as servelab counts them for its rates: arrived inside the window.
+    record["total_output_tokens"] = (
+        None if window is None or output is None else int(round(output * window)))
+    prompt = (None if window is None or output is None or total is None
+              else int(round((total - output) * window)))
+    record["total_input_tokens"] = None if prompt is None or prompt < 0 else prompt
+    record["model_id"] = described.get("model")
+    record["tokenizer_id"] = described.get("model")
+    record["backend"] = "servelab"
+    record["endpoint_type"] = "servelab"
+    record["label"] = row.get("profile")
+    bench = _bench_setting(row)
+    record["request_rate"] = bench.get("request_rate", "inf")   # closed loop: no arrival rate
+    record["burstiness"] = 1.0                                   # Poisson arrivals in open loop
+    record.update(bench)
+    record["run_number"] = 0
+    return record
+
+
+def peer_files(rows: list, request_files: list, manifest: dict, run_id: str) -> dict:
+    """relative path -> bytes: one vllm_sweep/<combination>/summary.json per measured level
+    (deterministic bytes: a rebuild of the same run writes nothing new). `request_files` is not
+    read: vLLM's plotters read the level figures only."""
+    del request_files
+    from ansible_collections.servelab.serving.plugins.plugin_utils.report.export import describe
+
+    known = describe(manifest if isinstance(manifest, dict) else {}, run_id)
+    files: dict = {}
+    for row in rows:
+        if _number(row.get("output_tok_s")) is None:
+            continue
+        described = dict(known.get((str(row.get("host")), str(row.get("profile"))), {}),
+                         run_id=run_id)
+        serve = {"host": row.get("host"), "profile": row.get("profile")}
+        path = os.path.join(PEER_DIR, _directory(serve, _bench_setting(row)), SUMMARY_JSON)
+        text = json.dumps([vllm_record(row, described)], indent=4, sort_keys=True,
+                          allow_nan=False)
+        files[path] = (text + "\n").encode("utf-8")
+    return files
