@@ -58,6 +58,11 @@ class ActionModule(ActionBase):
                 "bench_report needs pandas and matplotlib on the controller (requirements.txt): %s"
                 % REPORT_IMPORT_ERROR
             )
+        if any(c <= 0 for c in args["cdf_levels"] or ()):
+            raise AnsibleActionFail(
+                "bench_report: cdf_levels must be positive concurrency levels, got %s"
+                % args["cdf_levels"]
+            )
         results_dir = self._absolute(args["results_dir"], task_vars)
         compare_to = self._absolute(args["compare_to"], task_vars)
         try:
@@ -67,6 +72,7 @@ class ActionModule(ActionBase):
                 compare_to=compare_to,
                 with_plots=args["plots"],
                 max_error_rate=args["max_error_rate"],
+                cdf_levels=args["cdf_levels"],
             )
             changed = write_report(report, check_mode=self._task.check_mode)
         except ReportError as exc:

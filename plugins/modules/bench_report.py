@@ -16,9 +16,14 @@ description:
   - Writes C(summary.md) (the side-by-side table per concurrency level, speedup against the
     baseline, the crossover concurrency, a recommendation), C(report.html) (self-contained, with
     inline CSS and the plots embedded as base64 PNG, no network) and C(plots/throughput.png),
-    C(plots/latency.png), C(plots/speedup.png), C(plots/comparison.png) (with O(compare_to)).
+    C(plots/latency.png), C(plots/speedup.png) (with the 95% CI band of the ratio and the
+    crossover's bracket), C(plots/pareto.png) (output tok/s per GPU against tok/s per user,
+    the Pareto frontier marked), C(plots/ttft_cdf.png) and C(plots/itl_cdf.png) (per-request
+    distributions at the O(cdf_levels)), C(plots/comparison.png) (with O(compare_to)).
+  - Every plot marks the excluded levels (an x, the reason in the legend); every plot of a
+    time-scaled simulator run carries a badge with the factor and the real-time equivalent.
   - Writes the run's data for pandas and other tools beside them, typed from servelab's field
-    table: C(levels.json) (with C(schema_version), valid against the C(levels.schema.json)
+    table, C(levels.json) (with C(schema_version), valid against the C(levels.schema.json)
     written with it), C(levels.parquet) and C(requests.parquet). Every level row carries the
     run id, engine, engine version, model, simulator time scale and the host's GPU name and
     count; every request its phase, error kind and wall-clock send time. Error texts are redacted.
@@ -61,6 +66,19 @@ options:
         stays in the tables, marked).
     type: float
     default: 0.1
+  cdf_levels:
+    description:
+      - Concurrency levels of the TTFT and ITL distribution plots (C(plots/ttft_cdf.png),
+        C(plots/itl_cdf.png)), one panel per level and host. A level the run did not measure
+        shows as such.
+      - Default, per host, the lowest and the highest measured level and the bracket of every
+        crossover.
+      - The distributions are of the window requests that succeeded, from the request records.
+        ITL is per token from the records' per-chunk arrival times (C(chunk_times)) where they
+        hold them; llm_bench's records normally do not, and each request's TPOT then stands in
+        for it. The axis says which.
+    type: list
+    elements: int
 attributes:
   check_mode:
     support: full
@@ -159,6 +177,7 @@ ARGUMENT_SPEC = dict(
     compare_to=dict(type="path"),
     plots=dict(type="bool", default=True),
     max_error_rate=dict(type="float", default=0.1),
+    cdf_levels=dict(type="list", elements="int"),
 )
 
 

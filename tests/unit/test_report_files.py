@@ -22,6 +22,8 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.contract 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LEVELS_SWEEP = [1, 2, 5, 10, 30]
+# The plots of a two-profile run without request records (no TTFT/ITL CDF) or compare_to.
+PLOTS = ("throughput.png", "latency.png", "speedup.png", "pareto.png")
 # vLLM `bench sweep` results, one per level (peer_export.py).
 PEER_FILES = {
     os.path.join("vllm_sweep", f"SERVE--host=h1-profile={p}-BENCH--max_concurrency={c}",
@@ -79,12 +81,12 @@ def test_writes_summary_html_and_plots(run_dir):
     report = build_report(run_dir)
     changed = write_report(report)
     expected = {SUMMARY, REPORT_HTML} | {
-        os.path.join(PLOTS_DIR, n) for n in ("throughput.png", "latency.png", "speedup.png")
+        os.path.join(PLOTS_DIR, n) for n in PLOTS
     }
     assert set(changed) == expected | set(EXPORT_FILES) | PEER_FILES
     for rel in expected:
         assert os.path.isfile(os.path.join(run_dir, rel))
-    for name in ("throughput.png", "latency.png", "speedup.png"):
+    for name in PLOTS:
         with open(os.path.join(run_dir, PLOTS_DIR, name), "rb") as fh:
             assert fh.read(8) == PNG_MAGIC
     assert sorted(report.as_result()["files"]) == sorted(
@@ -117,7 +119,7 @@ def test_html_is_self_contained(run_dir):
     assert not re.search(r"<(script|link|iframe|object|embed)\b", page, re.I)
     assert "@import" not in page and "url(" not in page
     sources = re.findall(r"<img[^>]*\ssrc='([^']*)'", page)
-    assert len(sources) == 3
+    assert len(sources) == len(PLOTS)
     for src in sources:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG_MAGIC)

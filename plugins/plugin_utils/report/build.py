@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import distributions
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import run_context
@@ -35,7 +36,8 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.render imp
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PLOTS_DIR, REPORT_HTML, SUMMARY
 
-PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png")
+PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png", "pareto.png",
+              "ttft_cdf.png", "itl_cdf.png")
 
 __all__ = ["ReportError", "ReportResult", "build_report", "write_report"]
 
@@ -89,8 +91,12 @@ def build_report(
     compare_to: str | None = None,
     with_plots: bool = True,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+    cdf_levels: list | None = None,
 ) -> ReportResult:
-    """Read the run, compute, render; nothing is written (see write_report)."""
+    """Read the run, compute, render; nothing is written (see write_report).
+
+    cdf_levels: the concurrencies of the TTFT/ITL CDF plots (default: each host's lowest and
+    highest level and the crossovers' brackets)."""
     if not isinstance(baseline, str) or not baseline.strip():
         raise ReportError("baseline must name a profile (default `baseline`)")
     if compare_to and not os.path.isdir(compare_to):
@@ -143,15 +149,26 @@ def build_report(
     )
 
     if with_plots:
+        badge = analysis.time_scale_badge(context.records, measured)
+        chosen = analysis.cdf_levels_for(levels, crossovers, cdf_levels)
+        samples, more = distributions.read_samples(
+            run.records.request_files if run.records is not None else [],
+            distributions.wanted_levels(levels, chosen))
+        warnings += more
+        series = distributions.cdf_series(levels, chosen, samples)
         figures = {
-            "throughput.png": plots.plot_throughput(levels, baseline, crossovers),
-            "latency.png": plots.plot_latency(levels, baseline),
-            "speedup.png": plots.plot_speedup(speedup, baseline),
+            "throughput.png": plots.plot_throughput(levels, baseline, crossovers, badge),
+            "latency.png": plots.plot_latency(levels, baseline, badge),
+            "speedup.png": plots.plot_speedup(speedup, baseline, levels, crossovers, badge),
             "comparison.png": plots.plot_comparison(
-                comparison, os.path.basename(os.path.realpath(compare_to))
+                comparison, os.path.basename(os.path.realpath(compare_to)), levels, badge
             )
             if compare_to
             else None,
+            "pareto.png": plots.plot_pareto(levels, baseline,
+                                            analysis.gpu_counts(run.manifest), badge),
+            "ttft_cdf.png": plots.plot_cdf(series, "ttft", chosen, baseline, badge),
+            "itl_cdf.png": plots.plot_cdf(series, "itl", chosen, baseline, badge),
         }
         content.plots = {name: png for name, png in figures.items() if png}
 

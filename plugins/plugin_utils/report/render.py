@@ -35,7 +35,11 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
     VIEW_RATE_TABLE,
     VIEW_TABLE,
 )
-from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import fmt_c, profiles_in
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
+    fmt_c,
+    profiles_in,
+    time_scale_badge,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import RunContext, failed_records
 
 # Plots in reading order, with their headings in the HTML.
@@ -43,6 +47,9 @@ PLOT_TITLES = {
     "throughput.png": "Output throughput vs concurrency",
     "speedup.png": "Speedup against the baseline",
     "latency.png": "TTFT and TPOT vs concurrency",
+    "pareto.png": "Output tok/s per GPU against tok/s per user (Pareto frontier)",
+    "ttft_cdf.png": "TTFT distribution (CDF) at chosen levels",
+    "itl_cdf.png": "Inter-token latency distribution (CDF) at chosen levels",
     "comparison.png": "Change against the earlier run",
 }
 
@@ -335,6 +342,17 @@ def _excluded_lines(content: ReportContent) -> list:
     ]
 
 
+def _plot_order(content: ReportContent) -> list:
+    order = list(PLOT_TITLES)
+    return sorted(content.plots, key=lambda n: (order.index(n) if n in order else len(order), n))
+
+
+def _badge(content: ReportContent) -> str | None:
+    """The time-scale badge the plots carry (None for a real-time run), said beside them."""
+    measured = set(zip(content.levels["profile"], content.levels["host"], strict=True))
+    return time_scale_badge(content.context.records, measured)
+
+
 def summary_markdown(content: ReportContent) -> str:
     hosts = sorted(content.levels["host"].unique())
     out = [f"# servelab benchmark report: {content.run_id}", ""]
@@ -368,7 +386,12 @@ def summary_markdown(content: ReportContent) -> str:
         if content.comparison:
             out += [to_markdown(compare_table(content)), ""]
     if content.plots:
-        out += ["## Plots", ""] + [f"- plots/{name}" for name in sorted(content.plots)] + [""]
+        out += ["## Plots", ""]
+        badge = _badge(content)
+        if badge:
+            out += [f"Every plot carries the badge: {badge}.", ""]
+        out += [f"- plots/{name}: {PLOT_TITLES.get(name, name)}" for name in _plot_order(content)]
+        out += [""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -406,8 +429,10 @@ def report_html(content: ReportContent) -> str:
         "<h2>Crossover</h2>",
         _ul((crossover_lines(content) or []) + content.notes or ["no profile to compare"]),
     ]
-    order = list(PLOT_TITLES)
-    for name in sorted(content.plots, key=lambda n: order.index(n) if n in order else len(order)):
+    badge = _badge(content) if content.plots else None
+    if badge:
+        parts.append(f"<p class='note'>Every plot carries the badge: {esc(badge)}.</p>")
+    for name in _plot_order(content):
         data = base64.b64encode(content.plots[name]).decode("ascii")
         title = PLOT_TITLES.get(name, name)
         parts.append(f"<h3>{esc(title)}</h3>"
