@@ -37,7 +37,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.render imp
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PLOTS_DIR, REPORT_HTML, SUMMARY
 
 PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png", "pareto.png",
-              "ttft_cdf.png", "itl_cdf.png")
+              "ttft_cdf.png", "itl_cdf.png", "rate.png")
 
 __all__ = ["ReportError", "ReportResult", "build_report", "write_report"]
 
@@ -68,7 +68,16 @@ class ReportResult:
         return data
 
 
+OPEN_LOOP_ONLY = (
+    "This run measured open-loop (request-rate) levels only: they are reported as measured (the "
+    "rate table and plot), and the speedup, crossover and recommendation, which compare profiles "
+    "over closed-loop concurrency levels, are not drawn."
+)
+
+
 def _notes(levels, baseline: str) -> list:
+    if levels.empty:
+        return [OPEN_LOOP_ONLY]
     profiles = analysis.profiles_in(levels, baseline)
     if len(profiles) == 1:
         return [f"Only one profile ({profiles[0]}) in this run: no speedup and no crossover."]
@@ -109,6 +118,8 @@ def build_report(
     speedup = analysis.compute_speedup(levels, baseline)
     crossovers = analysis.compute_crossover(levels, baseline)
     measured = set(zip(levels["profile"], levels["host"], strict=True))
+    if run.rate_levels is not None:
+        measured |= set(zip(run.rate_levels["profile"], run.rate_levels["host"], strict=True))
     context = run_context(run.manifest, run.run_id, measured)
     # What the manifest says (a profile failed or never finished, its command line) bears on
     # the recommendation as much as the level rows do.
@@ -119,6 +130,8 @@ def build_report(
         failing=analysis.failing_profiles(levels, context.records),
         speculative=analysis.speculative_profiles(levels, context.records),
     )
+    if levels.empty:
+        recommendation = OPEN_LOOP_ONLY
     warnings = list(run.warnings)
 
     comparison, comparison_note = [], ""
@@ -169,6 +182,7 @@ def build_report(
                                             analysis.gpu_counts(run.manifest), badge),
             "ttft_cdf.png": plots.plot_cdf(series, "ttft", chosen, baseline, badge),
             "itl_cdf.png": plots.plot_cdf(series, "itl", chosen, baseline, badge),
+            "rate.png": plots.plot_rate(run.rate_levels, baseline, badge),
         }
         content.plots = {name: png for name, png in figures.items() if png}
 

@@ -296,12 +296,9 @@ def load_run(results_dir: str, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -
     except ReportError as exc:
         raise ReportError(str(exc) + _recorded_failures(results_dir)) from None
     levels, warnings = level_frame(records, max_error_rate)
+    # A run of open-loop levels only is reported too: its rate table and plot, and no
+    # speedup, crossover or recommendation (those compare closed-loop concurrency levels).
     levels, rate_levels = split_load_modes(levels)
-    if levels.empty:
-        raise ReportError(
-            f"{records.source} holds only open-loop (request-rate) levels; the report compares "
-            "profiles over closed-loop concurrency levels"
-        )
     manifest, more = load_manifest(results_dir)
     warnings += more
     errors, more = load_request_errors(records.request_files)

@@ -196,6 +196,46 @@ def plot_latency(levels: pd.DataFrame, baseline: str, badge: str | None = None) 
     return _png(fig)
 
 
+def plot_rate(rate_levels: pd.DataFrame | None, baseline: str,
+              badge: str | None = None) -> bytes | None:
+    """Open-loop levels: output tok/s and TTFT p50/p99 against the offered request rate, one
+    curve per profile and host panel (the rate sweep's own plot; not part of the comparison)."""
+    if rate_levels is None or rate_levels.empty:
+        return None
+    profiles = profiles_in(rate_levels, baseline)
+    colors = _colors(profiles)
+    fig, hosts, axes = _hosts_grid(rate_levels, 2, 3.8)
+    for row, host in enumerate(hosts):
+        host_rows = rate_levels[rate_levels["host"] == host]
+        tok_ax, ttft_ax = axes[row][0], axes[row][1]
+        for profile in profiles:
+            rows = host_rows[host_rows["profile"] == profile].sort_values("request_rate")
+            if rows.empty:
+                continue
+            ok = rows[rows["usable"]]
+            tok_ax.errorbar(ok["request_rate"], ok["output_tok_s"],
+                            yerr=ok["output_tok_s_ci95"].fillna(0), marker="o", ms=4,
+                            capsize=3, color=colors[profile], label=profile)
+            ttft_ax.plot(ok["request_rate"], ok["ttft_p50_ms"], marker="o", ms=4,
+                         color=colors[profile], label=f"{profile} p50")
+            ttft_ax.plot(ok["request_rate"], ok["ttft_p99_ms"], ls="--", marker=".",
+                         color=colors[profile], label=f"{profile} p99")
+            for reason, bad in _by_reason(rows):
+                _excluded(tok_ax, bad["request_rate"], bad["output_tok_s"].fillna(0),
+                          colors[profile], f"{profile}: excluded ({reason})")
+        for ax in (tok_ax, ttft_ax):
+            ax.set_xlabel(f"{_header('request_rate')} request rate ({_unit('request_rate')}, "
+                          "open loop)")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        tok_ax.set_ylabel(f"{_header('output_tok_s')} ({_unit('output_tok_s')})")
+        ttft_ax.set_ylabel(f"TTFT ({_unit('ttft_p50_ms')})")
+        tok_ax.set_title(f"Output throughput vs offered rate: {host}", fontsize=10)
+        ttft_ax.set_title(f"TTFT vs offered rate: {host}", fontsize=10)
+    _badge(fig, badge)
+    return _png(fig)
+
+
 def _speedup_reason(point, reasons: dict) -> str:
     """Why a speedup point is excluded: its level's or the baseline's reason, named."""
     words = [f"{who} {reasons[(point.host, who, point.concurrency)]}"

@@ -50,6 +50,7 @@ PLOT_TITLES = {
     "pareto.png": "Output tok/s per GPU against tok/s per user (Pareto frontier)",
     "ttft_cdf.png": "TTFT distribution (CDF) at chosen levels",
     "itl_cdf.png": "Inter-token latency distribution (CDF) at chosen levels",
+    "rate.png": "Open loop: throughput and TTFT vs offered request rate",
     "comparison.png": "Change against the earlier run",
 }
 
@@ -350,6 +351,9 @@ def _plot_order(content: ReportContent) -> list:
 def _badge(content: ReportContent) -> str | None:
     """The time-scale badge the plots carry (None for a real-time run), said beside them."""
     measured = set(zip(content.levels["profile"], content.levels["host"], strict=True))
+    if content.rate_levels is not None:
+        measured |= set(zip(content.rate_levels["profile"], content.rate_levels["host"],
+                            strict=True))
     return time_scale_badge(content.context.records, measured)
 
 
