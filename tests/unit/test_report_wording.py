@@ -220,3 +220,42 @@ def test_the_report_states_the_recorded_finish(tmp_path):
     manifest = {"started_at": "2026-01-01T10:00:00", "finished_at": "2026-01-01T10:30:00"}
     write_report(report_of(tmp_path, sweep(levels=[1]), manifest))
     assert "finished 2026-01-01T10:30:00" in (tmp_path / SUMMARY).read_text()
+
+
+def vllm_schedule_is_valid(schedule):
+    """vLLM 0.33.0's own rules for num_speculative_tokens_per_batch_size
+    (vllm/v1/spec_decode/dynamic/utils.py validate_and_normalize_dynamic_sd_schedule)."""
+    assert isinstance(schedule, list) and schedule
+    previous_end = 0
+    for start, end, k in sorted(schedule):
+        assert 0 < start <= end and k >= 0 and start > previous_end
+        previous_end = end
+    assert sorted(schedule)[0][0] == 1
+
+
+def test_a_vllm_speculative_profile_gets_the_exact_schedule_for_its_crossover(tmp_path):
+    config = {"method": "eagle3", "model": "/m/draft", "num_speculative_tokens": 3}
+    manifest = {"profiles": {"eagle3": {"h1": {
+        "status": "finished", "engine": "vllm",
+        "cmdline": "vllm serve /m --max-num-seqs 128 --speculative-config '%s'"
+                   % json.dumps(config)}}}}
+    report = report_of(tmp_path, sweep(), manifest)
+    cross = next(d for d in report.crossover_details if d["status"] == "crossed")
+    text = report.recommendation
+    assert "vLLM 0.33.0 can switch eagle3's speculation off by load" in text
+    assert SPECULATION_SENTENCE.strip() not in text          # that one is SGLang's
+    setting = json.loads(text.split("--speculative-config '", 1)[1].split("'", 1)[0])
+    schedule = setting.pop("num_speculative_tokens_per_batch_size")
+    assert setting == config                                   # the profile's own config kept
+    vllm_schedule_is_valid(schedule)
+    keep = schedule[0][1]
+    assert cross["bracket"][0] <= keep < cross["concurrency"]   # on up to the crossover
+    assert schedule == [[1, keep, 3], [keep + 1, 128, 0]]       # off above it, to max-num-seqs
+
+
+def test_a_sglang_speculative_profile_is_told_there_is_no_switch(tmp_path):
+    manifest = {"profiles": {"eagle3": {"h1": {
+        "status": "finished", "engine": "sglang",
+        "cmdline": "python -m sglang.launch_server --speculative-algorithm EAGLE3"}}}}
+    text = report_of(tmp_path, sweep(), manifest).recommendation
+    assert SPECULATION_SENTENCE.strip() in text and "num_speculative_tokens_per_batch_size" not in text

@@ -129,6 +129,7 @@ def build_report(
         crossovers,
         failing=analysis.failing_profiles(levels, context.records),
         speculative=analysis.speculative_profiles(levels, context.records),
+        records=context.records,
     )
     if levels.empty:
         recommendation = OPEN_LOOP_ONLY
