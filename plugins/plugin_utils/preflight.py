@@ -49,6 +49,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config im
     level_configs,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import ARGUMENT_SPEC as BENCH_SPEC
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVELS, PARTS_DIR
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import (
     WorkloadError,
     check_spec,
@@ -73,6 +74,7 @@ ROLE_DEFAULTS_FILE = os.path.join(ROLE_DIR, "defaults", "main.yml")
 # a variable in neither place is reported as unknown.
 PLAYBOOK_VARIABLES = {
     "bench_report_baseline": "playbooks/bench.yml: the report's baseline profile",
+    "bench_compare_to": "playbooks/bench.yml: an earlier run (run id or path) the report compares with",
     "bench_resume": "playbooks/bench.yml: resume an interrupted run",
     "bench_remeasure": "playbooks/bench.yml: measure finished levels again on resume",
     "bench_continue_on_profile_failure": "playbooks/bench.yml: go on after a failed profile",
@@ -818,8 +820,35 @@ def run_preflight(inputs: Sequence[HostInput], spec_options: Mapping[str, Mappin
                 "profile (%s)%s" % (baseline, ", ".join(sorted(names)),
                                     "; did you mean %s?" % near[0] if near else ""),
                 controller.origins.get("bench_report_baseline", ""), (controller.host,)))
+    if controller is not None:
+        problems += _check_compare_to(controller)
     return Preflight(_merge(problems), list(targets.values()),
                      tuple(i.host for i in inputs), profiles)
+
+
+def compare_to_dir(value: str, results_root: str) -> str:
+    """bench_compare_to as a directory: a path when it has a '/', else a run id under the
+    results root (playbooks/bench.yml resolves it the same way)."""
+    return value if "/" in value else os.path.join(results_root or "", value)
+
+
+def _check_compare_to(controller: HostInput) -> List[Problem]:
+    values = controller.values or {}
+    value = values.get("bench_compare_to")
+    if value in (None, ""):
+        return []
+    origin = controller.origins.get("bench_compare_to", "")
+    if not isinstance(value, str):
+        return [Problem("bench_compare_to", "bench_compare_to: %r is not a run id or a path"
+                        % (value,), origin, (controller.host,))]
+    root = str(values.get("bench_results_root") or "")
+    where = compare_to_dir(value, root)
+    if os.path.isdir(os.path.join(where, PARTS_DIR)) or os.path.isfile(os.path.join(where, LEVELS)):
+        return []
+    return [Problem("bench_compare_to", "bench_compare_to: no earlier run at %s (it has neither "
+                    "%s/ nor %s); give a run id under %s or the path of a run directory"
+                    % (where, PARTS_DIR, LEVELS, root or "bench_results_root"),
+                    origin, (controller.host,))]
 
 
 def failure_lines(problems: Sequence[Problem], where: str = "") -> List[str]:

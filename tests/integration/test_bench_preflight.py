@@ -150,6 +150,9 @@ CASES = {
     "typo'd variable": (
         lambda tmp: {"bench_concurency": [1, 2]},
         "bench_concurency: unknown variable; did you mean bench_concurrency?"),
+    "an earlier run that is not there": (
+        lambda tmp: {"bench_compare_to": "run-that-never-was"},
+        "bench_compare_to: no earlier run at"),
     "concurrency as a string": (
         lambda tmp: {"bench_concurrency": "1,2,5"},
         "bench_concurrency: '1,2,5' is a string; give a YAML list [1, 2, 5]"),

@@ -507,6 +507,25 @@ def test_the_controllers_own_variables_are_held_to_the_same_rules():
            "eagle3); did you mean baseline?" in joined
 
 
+def test_bench_compare_to_must_name_an_earlier_run(tmp_path):
+    root = tmp_path / "results"
+    (root / "run-old" / "parts").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "levels.csv").write_text("host,profile,concurrency\n")
+
+    def check(value):
+        controller = pf.HostInput("localhost", {"bench_compare_to": value,
+                                                "bench_results_root": str(root)},
+                                  given=("bench_compare_to",))
+        return run(host(), controller=controller)
+
+    assert not check("run-old").problems                        # a run id under the root
+    assert not check(str(tmp_path / "elsewhere")).problems      # a path
+    msg = only(check("run-gone"), "bench_compare_to")
+    assert "no earlier run at %s" % (root / "run-gone") in msg
+    assert pf.compare_to_dir("run-old", str(root)) == str(root / "run-old")
+
+
 def test_failure_lines_say_nothing_was_started():
     lines = pf.failure_lines(run(host(bench_server_port=0)).problems)
     assert lines[0].startswith("bench preflight: 1 problem(s); nothing was started")

@@ -383,6 +383,23 @@ def test_compare_to_gives_per_level_delta(tmp_path):
         assert point["delta_pct"] == pytest.approx(100.0 * (1 / factor - 1))
 
 
+def test_compare_to_flags_a_change_only_beyond_both_runs_cis(tmp_path):
+    rows_now, rows_then = two_profiles(), two_profiles()
+    for now, then in zip(rows_now, rows_then):
+        now["output_tok_s_ci95"] = then["output_tok_s_ci95"] = 0.05 * then["output_tok_s"]
+        # baseline: +3% (inside sqrt(5%^2 + 5%^2) ~ 7%); eagle3: +20% (beyond it)
+        now["output_tok_s"] = then["output_tok_s"] * (1.03 if now["profile"] == "baseline"
+                                                      else 1.20)
+    report = build_report(write_run(tmp_path / "now", rows_now),
+                          compare_to=write_run(tmp_path / "then", rows_then), with_plots=False)
+    flags = {(p["profile"], p["concurrency"]): p["beyond_ci"] for p in report.comparison}
+    assert set(flags.values()) == {True, False}
+    assert all(flags[("baseline", c)] is False and flags[("eagle3", c)] is True
+               for c in LEVELS_SWEEP)
+    summary = report.files["summary.md"].decode()
+    assert "+3.0% (within CI)" in summary and "+20.0% (beyond CI)" in summary
+
+
 def test_compare_to_matches_single_differently_named_hosts(tmp_path):
     now = write_run(tmp_path / "now", two_profiles("laptop"))
     earlier = write_run(tmp_path / "earlier", two_profiles("ct129"))

@@ -117,6 +117,9 @@ class ComparePoint:
     tpot_p50_ms: float | None
     earlier_tpot_p50_ms: float | None
     earlier_host: str
+    # |delta| beyond both runs' 95% half-widths combined (sqrt(ci_now^2 + ci_then^2)): a change;
+    # False: inside the noise; None: a run has no CI for the level.
+    beyond_ci: bool | None = None
 
 
 def _num(value) -> float | None:
@@ -554,12 +557,15 @@ def compare_runs(levels: pd.DataFrame, earlier: pd.DataFrame) -> tuple[list, str
         now_v, old_v = _num(row["output_tok_s"]), _num(old["output_tok_s"])
         delta = now_v - old_v if now_v is not None and old_v is not None else None
         pct = 100.0 * delta / old_v if delta is not None and old_v else None
+        ci_now, ci_then = _num(row.get("output_tok_s_ci95")), _num(old.get("output_tok_s_ci95"))
+        beyond = (None if delta is None or ci_now is None or ci_then is None
+                  else abs(delta) > math.hypot(ci_now, ci_then))
         points.append(ComparePoint(
             host=row["host"], profile=row["profile"], concurrency=int(row["concurrency"]),
             output_tok_s=now_v, earlier_output_tok_s=old_v, delta_tok_s=delta, delta_pct=pct,
             ttft_p50_ms=_num(row["ttft_p50_ms"]), earlier_ttft_p50_ms=_num(old["ttft_p50_ms"]),
             tpot_p50_ms=_num(row["tpot_p50_ms"]), earlier_tpot_p50_ms=_num(old["tpot_p50_ms"]),
-            earlier_host=then_host))
+            earlier_host=then_host, beyond_ci=beyond))
     if host_map and not points:
         note = (note + "; " if note else "") + "no (profile, concurrency) pair is in both runs"
     return points, note

@@ -221,6 +221,9 @@ def compare_table(content: ReportContent) -> Table:
     rows = []
     for p in content.comparison:
         change = MISSING if p.delta_pct is None else f"{p.delta_pct:+.1f}%"
+        if p.delta_pct is not None:
+            # A change is flagged only beyond both runs' CIs; inside them it is noise.
+            change += {True: " (beyond CI)", False: " (within CI)"}.get(p.beyond_ci, "")
         rows.append(
             ([p.host] if multi_host else [])
             + [
