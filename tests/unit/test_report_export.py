@@ -4,62 +4,22 @@ the columns that make them self-describing (engine, version, model, time scale, 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict
 
 import jsonschema
 import pandas as pd
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
-    CANCELLED_PREFIX, RequestTiming, level_row, reduce_requests, request_row,
-)
-from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
-    MANIFEST, PARTS_DIR, atomic_write_json,
-)
-from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files
+import reportrun  # tests/ (the root conftest puts it on sys.path)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report, write_report
 
-MS = 1_000_000
-
-
-def timing(i, t_send_ms, in_window, error=None):
-    times = [int((t_send_ms + 20 + 5 * k) * MS) for k in range(4)]
-    return RequestTiming(worker=i % 2, request_id=i, t_send=int(t_send_ms * MS),
-                         t_first=times[0], t_last=times[-1], prompt_tokens=12,
-                         completion_tokens=4, tokens_source="server", chunks=4, error=error,
-                         in_window=in_window, chunk_times=times, chunk_tokens=[1, 1, 1, 1],
-                         server_id="req-%d" % i)
-
-
 def make_run(tmp_path, profiles=("baseline", "eagle3")):
-    run = tmp_path / "run-x"
-    parts = run / PARTS_DIR
-    os.makedirs(parts)
-    ws, we = 100 * MS, 1100 * MS
-    for p, profile in enumerate(profiles):
-        for c in (1, 2, 4):
-            reqs = [timing(i, 10 + 40 * i, 100 <= 10 + 40 * i < 1100) for i in range(30)]
-            reqs.append(timing(99, 1150, False, error=CANCELLED_PREFIX + " level over"))
-            part = reduce_requests(reqs, ws, we, 5, {})
-            row = asdict(level_row("gpu1", profile, c, part, {}))
-            row["output_tok_s"] = (100.0 + 50 * p) * c
-            row["server_metrics"] = {"server_running_reqs_mean": float(c)}
-            rows = []
-            for r in reqs:
-                rec = request_row(r, ws, we, 1_700_000_000 * 10**9)
-                rec.update(host="gpu1", profile=profile, concurrency=c)
-                rows.append(rec)
-            write_level_files(str(parts), row, rows)
-    atomic_write_json(str(run / MANIFEST), {
-        "run_id": "run-x",
-        "hosts": {"gpu1": {"gpu_facts": {"gpus": [{"name": "NVIDIA H200"}] * 8},
-                           "bench": {"engine": "simulator", "model": "servelab-sim"}}},
-        "profiles": {name: {"gpu1": {"engine": "simulator", "status": "finished",
-                                     "simulator": {"profile": name, "time_scale": 20}}}
-                     for name in profiles},
-    })
-    return run
+    """Levels C = 1, 2, 4 with output tok/s (100 + 50 p) x C, a server gauge, and requests in
+    every phase (warmup, window, tail, cancelled)."""
+    return reportrun.make_run(
+        tmp_path, name="run-x", profiles=profiles, levels=(1, 2, 4),
+        tok_s={name: (lambda c, p=p: (100.0 + 50 * p) * c) for p, name in enumerate(profiles)},
+        failed_request=False,
+        server_metrics=lambda c: {"server_running_reqs_mean": float(c)})
 
 
 def test_exports_are_typed_self_describing_and_valid(tmp_path):

@@ -7,18 +7,13 @@ import base64
 import math
 import os
 import re
-from dataclasses import asdict
 
 import pandas as pd
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
-    CANCELLED_PREFIX, RequestTiming, level_row, reduce_requests, request_row,
-)
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
-    MANIFEST, PARTS_DIR, PLOTS_DIR, REPORT_HTML, SUMMARY, atomic_write_json,
+    PARTS_DIR, PLOTS_DIR, REPORT_HTML, SUMMARY,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis, distributions, plots
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import SpeedupPoint
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import (
@@ -27,64 +22,10 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.build impo
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import ProfileRecord
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import load_run
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.render import PLOT_TITLES
+from reportrun import make_run  # tests/ (the root conftest puts it on sys.path)
 
-MS = 1_000_000
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NEW_PLOTS = ("pareto.png", "ttft_cdf.png", "itl_cdf.png")
-LEVELS = (1, 2, 4, 8)
-# baseline scales with C, eagle3 wins at low C and falls below between C=2 and C=4.
-TOK_S = {"baseline": lambda c: 100.0 * c, "eagle3": lambda c: 180.0 + 40 * c}
-
-
-def timing(i, t_send_ms, in_window, ttft_ms=20, gap_ms=5, error=None):
-    first = t_send_ms + ttft_ms
-    times = [int((first + gap_ms * k) * MS) for k in range(4)]
-    return RequestTiming(worker=i % 2, request_id=i, t_send=int(t_send_ms * MS),
-                         t_first=times[0], t_last=times[-1], prompt_tokens=12,
-                         completion_tokens=4, tokens_source="server", chunks=4, error=error,
-                         in_window=in_window, chunk_times=times, chunk_tokens=[1, 1, 1, 1],
-                         server_id="req-%d" % i)
-
-
-def make_run(tmp_path, time_scale=20, gpus=8, client_limited=(), keep_chunks=False,
-             profiles=("baseline", "eagle3")):
-    """client_limited: {(profile, C)} marked client-limited (excluded levels)."""
-    run = tmp_path / "run-p"
-    parts = run / PARTS_DIR
-    os.makedirs(parts)
-    ws, we = 100 * MS, 1100 * MS
-    for p, profile in enumerate(profiles):
-        for c in LEVELS:
-            # TTFT grows with C and the request index, so the samples are not sorted as written.
-            reqs = [timing(i, 10 + 40 * i, 100 <= 10 + 40 * i < 1100,
-                           ttft_ms=10 * c + (7 * i) % 11 + p, gap_ms=2 + c + p)
-                    for i in range(30)]
-            reqs.append(timing(98, 500, True, error="HTTP 500"))
-            reqs.append(timing(99, 1150, False, error=CANCELLED_PREFIX + " level over"))
-            part = reduce_requests(reqs, ws, we, 5, {})
-            row = asdict(level_row("gpu1", profile, c, part, {}))
-            row["output_tok_s"] = TOK_S[profile](c)
-            row["output_tok_s_ci95"] = TOK_S[profile](c) / 20
-            row["client_limited"] = (profile, c) in client_limited
-            rows = []
-            for r in reqs:
-                rec = request_row(r, ws, we, 1_700_000_000 * 10**9)
-                rec.update(host="gpu1", profile=profile, concurrency=c)
-                if keep_chunks:
-                    rec["chunk_times"] = list(r.chunk_times)
-                    rec["chunk_tokens"] = list(r.chunk_tokens)
-                rows.append(rec)
-            write_level_files(str(parts), row, rows)
-    simulator = {"profile": "x"} if time_scale is None else {"profile": "x",
-                                                             "time_scale": time_scale}
-    atomic_write_json(str(run / MANIFEST), {
-        "run_id": "run-p",
-        "hosts": {"gpu1": {"gpu_facts": {"gpus": [{"name": "NVIDIA H200"}] * gpus}}},
-        "profiles": {name: {"gpu1": {"engine": "simulator", "status": "finished",
-                                     "simulator": simulator}}
-                     for name in profiles},
-    })
-    return run
 
 
 def frame(rows):
