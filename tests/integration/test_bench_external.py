@@ -20,6 +20,7 @@ import pytest
 from simproc import ServerProcess  # tests/ (conftest.py puts it on sys.path)
 
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
@@ -80,18 +81,7 @@ def _tasks(runner, event):
 
 def _simulators(needle: str) -> list:
     """PIDs of processes whose command line holds `needle`."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmdline:
-            found.append(int(pid))
-    return found
+    return [pid for pid, info in scan_processes().items() if needle in info.cmdline]
 
 
 def _port_record(port: int) -> str:

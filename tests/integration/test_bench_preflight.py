@@ -16,6 +16,7 @@ import time
 import ansible_runner
 import pytest
 from fakesglang import fake_sglang  # tests/ (conftest.py puts it on sys.path)
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
@@ -91,18 +92,8 @@ def _vars(tmp_path, **overrides):
 
 def _simulators(state_dir) -> list:
     """PIDs of processes whose command line mentions the test's state dir."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(state_dir) in cmdline and "servelab_simulator" in cmdline:
-            found.append(int(pid))
-    return found
+    return [pid for pid, info in scan_processes().items()
+            if str(state_dir) in info.cmdline and "servelab_simulator" in info.cmdline]
 
 
 def _assert_nothing_happened(tmp_path, run: Run, allowed=(PREFLIGHT,)):
