@@ -840,6 +840,9 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     row.stop_reason = STOP_REASONS.get(stop, STOP_UNKNOWN)
     row.window_complete = bool(ws and we and controller.window_complete)
     row.window_start_ns, row.window_end_ns = ws, we
+    if ws and we:   # on the wall clock too, to join the GPU server's telemetry samples
+        wall_offset = time.time_ns() - time.monotonic_ns()
+        row.window_start_unix_ns, row.window_end_unix_ns = ws + wall_offset, we + wall_offset
     _client_honesty(row, [results[i] for i in range(nproc)], merged, nproc, cpu)
     reads = sum(results[i]["rx_reads"] for i in range(nproc))
     stamped = sum(results[i]["rx_kernel_reads"] for i in range(nproc))

@@ -116,8 +116,19 @@ class LevelRow:
     window_complete: bool = True
     window_start_ns: int = 0
     window_end_ns: int = 0
+    window_start_unix_ns: Optional[int] = None
+    window_end_unix_ns: Optional[int] = None
     stop_reason: str = ""
     first_error: Optional[str] = None
+    # GPU telemetry over the window: filled by the report from the GPU server's samples
+    # (plugin_utils/report/telemetry.py); llm_bench leaves them empty.
+    gpu_sm_util_mean: Optional[float] = None
+    gpu_mem_used_mib_max: Optional[float] = None
+    gpu_power_w_mean: Optional[float] = None
+    gpu_sm_clock_mhz_mean: Optional[float] = None
+    gpu_energy_j: Optional[float] = None
+    tokens_per_joule: Optional[float] = None
+    gpu_samples: Optional[int] = None
     # Flattened into the server_* columns of levels.csv (SERVER fields below).
     server_metrics: Dict[str, float] = field(default_factory=dict)
 
@@ -281,10 +292,31 @@ FIELDS: Tuple[LevelField, ...] = (
                "the window closed on its own terms (time and requests), not on a bound"),
     _row_field("window_start_ns", "ns", "window start", "d", "client CLOCK_MONOTONIC"),
     _row_field("window_end_ns", "ns", "window end", "d", "client CLOCK_MONOTONIC"),
+    _row_field("window_start_unix_ns", "ns", "window start (wall clock)", "d",
+               "window start on the bench client's wall clock (Unix epoch), to join samples "
+               "taken on other machines (GPU telemetry)"),
+    _row_field("window_end_unix_ns", "ns", "window end (wall clock)", "d",
+               "window end on the bench client's wall clock (Unix epoch)"),
     _row_field("stop_reason", "", "stop reason", "",
                "why the level ended: %s" % ", ".join((STOP_WINDOW_COMPLETE, STOP_LEVEL_TIMEOUT,
                                                       STOP_SERVER_FAILING, STOP_ABORTED))),
     _row_field("first_error", "", "first error", "", "text of the level's first failed request"),
+    # --- GPU telemetry over the window (the GPU server's NVML samples, joined by the report) ---
+    _row_field("gpu_sm_util_mean", "%", "GPU SM util", ".0f",
+               "SM utilisation (NVML), mean over the GPUs and the samples inside the window"),
+    _row_field("gpu_mem_used_mib_max", "MiB", "GPU memory used", ".0f",
+               "GPU memory used, summed over the GPUs, highest sample inside the window"),
+    _row_field("gpu_power_w_mean", "W", "GPU power", ".0f",
+               "board power, summed over the GPUs, mean over the samples inside the window"),
+    _row_field("gpu_sm_clock_mhz_mean", "MHz", "GPU SM clock", ".0f",
+               "SM clock, mean over the GPUs and the samples inside the window"),
+    _row_field("gpu_energy_j", "J", "GPU energy", ".0f",
+               "summed GPU power integrated over the window (trapezoid over its samples, the "
+               "first and last held to the window's edges); none with fewer than 2 samples"),
+    _row_field("tokens_per_joule", "tok/J", "tokens per joule", ".3f",
+               "output tokens that arrived inside the window / GPU energy over the window"),
+    _row_field("gpu_samples", "", "GPU samples", "d",
+               "telemetry samples inside the window (none: no telemetry for this level)"),
     # --- the server's /metrics over the window (loadgen/server_metrics.py), when it has them ---
     _server_field("server_running_reqs_mean", "", "server running", ".1f",
                   "requests the server was running, mean over the window"),

@@ -18,6 +18,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report import ana
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import distributions
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import telemetry
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import run_context
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import (
     DEFAULT_MAX_ERROR_RATE,
@@ -34,10 +35,23 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.render imp
     summary_markdown,
     to_markdown,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PLOTS_DIR, REPORT_HTML, SUMMARY
+from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
+    LEVELS,
+    PARTS_DIR,
+    PLOTS_DIR,
+    REPORT_HTML,
+    SUMMARY,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
+    PartError,
+    levels_csv,
+    part_stem,
+    read_parts,
+)
+from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, run_lock
 
 PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png", "pareto.png",
-              "ttft_cdf.png", "itl_cdf.png", "rate.png")
+              "ttft_cdf.png", "itl_cdf.png", "rate.png", "gpu.png")
 
 __all__ = ["ReportError", "ReportResult", "build_report", "write_report"]
 
@@ -58,11 +72,16 @@ class ReportResult:
     warnings: list
     msg: str
     files: dict = field(default_factory=dict)  # relative path -> bytes (not returned to Ansible)
+    # part stem -> the level's GPU telemetry columns (written into levels.csv by write_report)
+    telemetry: dict = field(default_factory=dict)
 
     def as_result(self) -> dict:
-        """What the action returns: everything but the file bytes, paths absolute."""
+        """What the action returns: everything but the file bytes and the telemetry by level,
+        paths absolute."""
         data = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "files"
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("files", "telemetry")
         }
         data["files"] = [os.path.join(self.results_dir, rel) for rel in sorted(self.files)]
         return data
@@ -94,6 +113,27 @@ def _notes(levels, baseline: str) -> list:
     return notes
 
 
+def _join_telemetry(results_dir: str, run) -> tuple[dict, str | None]:
+    """The GPU server's samples summarised per level (report/telemetry.py), merged into the
+    typed rows the exports write and into the report's frames; (figures by part stem, the note
+    where levels have none)."""
+    gpu = telemetry.read_run_telemetry(results_dir)
+    rows = run.records.rows if run.records is not None else []
+    by_stem = {}
+    for row in rows:
+        figures = telemetry.level_figures(row, gpu)
+        row.update(figures)
+        by_stem[part_stem(row)] = figures
+    for frame in (run.levels, run.rate_levels):
+        if frame is None or frame.empty:
+            continue
+        keys = [part_stem(r) for r in frame.to_dict("records")]
+        for name in telemetry.COLUMNS:
+            values = [by_stem.get(k, {}).get(name) for k in keys]
+            frame[name] = [float("nan") if v is None else float(v) for v in values]
+    return by_stem, telemetry.note(gpu, rows)
+
+
 def build_report(
     results_dir: str,
     baseline: str = "baseline",
@@ -114,6 +154,7 @@ def build_report(
             "results/<run_id>, or leave compare_to out"
         )
     run = load_run(results_dir, max_error_rate)
+    gpu_figures, gpu_note = _join_telemetry(results_dir, run)
     levels = run.levels
     speedup = analysis.compute_speedup(levels, baseline)
     crossovers = analysis.compute_crossover(levels, baseline)
@@ -153,7 +194,7 @@ def build_report(
         crossovers=crossovers,
         speedup=speedup,
         recommendation=recommendation,
-        notes=_notes(levels, baseline),
+        notes=_notes(levels, baseline) + ([gpu_note] if gpu_note else []),
         request_errors=run.request_errors,
         comparison=comparison,
         comparison_note=comparison_note,
@@ -184,6 +225,7 @@ def build_report(
             "ttft_cdf.png": plots.plot_cdf(series, "ttft", chosen, baseline, badge),
             "itl_cdf.png": plots.plot_cdf(series, "itl", chosen, baseline, badge),
             "rate.png": plots.plot_rate(run.rate_levels, baseline, badge),
+            "gpu.png": plots.plot_gpu(levels, baseline, badge),
         }
         content.plots = {name: png for name, png in figures.items() if png}
 
@@ -211,6 +253,7 @@ def build_report(
         warnings=warnings,
         msg=crossover_summary(content) + "\n" + recommendation,
         files=files,
+        telemetry=gpu_figures,
     )
 
 
@@ -230,6 +273,37 @@ def _atomic_write_bytes(path: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _levels_csv_with_telemetry(report: ReportResult, check_mode: bool) -> list:
+    """levels.csv with the GPU telemetry columns filled, rebuilt from the parts under the run's
+    lock (llm_bench's rebuild takes the same lock; a level llm_bench adds later rebuilds the file
+    without them until the next report). Only for runs with parts and with telemetry."""
+    if not any(f.get("gpu_samples") for f in report.telemetry.values()):
+        return []
+    parts_dir = os.path.join(report.results_dir, PARTS_DIR)
+    if not os.path.isdir(parts_dir):
+        return []
+    path = os.path.join(report.results_dir, LEVELS)
+    try:
+        with run_lock(report.results_dir, timeout=30.0):
+            rows = [row for row, _jsonl in read_parts(parts_dir)]
+            for row in rows:
+                row.update(report.telemetry.get(part_stem(row), {}))
+            data = levels_csv(rows).encode("utf-8")
+            try:
+                with open(path, "rb") as fh:
+                    if fh.read() == data:
+                        return []
+            except FileNotFoundError:
+                pass
+            if not check_mode:
+                _atomic_write_bytes(path, data)
+            return [LEVELS]
+    except (ManifestError, PartError, OSError) as exc:
+        report.warnings.append(f"{LEVELS} not rewritten with the GPU telemetry columns ({exc}); "
+                               "they are in levels.json and levels.parquet")
+        return []
 
 
 def write_report(report: ReportResult, check_mode: bool = False) -> list:
@@ -257,4 +331,5 @@ def write_report(report: ReportResult, check_mode: bool = False) -> list:
             changed.append(rel)
             if not check_mode:
                 os.unlink(path)
+    changed += _levels_csv_with_telemetry(report, check_mode)
     return changed

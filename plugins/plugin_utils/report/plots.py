@@ -487,3 +487,43 @@ def plot_cdf(series: list, metric: str, chosen: dict, baseline: str,
     fig.supxlabel(cdf_axis_label(metric, bases), fontsize=9)
     _badge(fig, badge)
     return _png(fig)
+
+
+GPU_PANELS = ("gpu_sm_util_mean", "gpu_power_w_mean", "tokens_per_joule")
+
+
+def plot_gpu(levels: pd.DataFrame, baseline: str, badge: str | None = None) -> bytes | None:
+    """GPU telemetry (report/telemetry.py) against concurrency, a curve per profile: SM
+    utilisation, summed power, and tokens per joule where power was known. None without any
+    telemetry (the report then says why in a note)."""
+    if levels.empty or not all(name in levels.columns for name in GPU_PANELS):
+        return None
+    measured = levels[pd.to_numeric(levels["gpu_sm_util_mean"], errors="coerce").notna()
+                      | pd.to_numeric(levels["gpu_power_w_mean"], errors="coerce").notna()]
+    if measured.empty:
+        return None
+    panels = [name for name in GPU_PANELS
+              if pd.to_numeric(measured[name], errors="coerce").notna().any()]
+    profiles = profiles_in(levels, baseline)
+    colors = _colors(profiles)
+    fig, hosts, axes = _hosts_grid(measured, len(panels), 3.6)
+    for row, host in enumerate(hosts):
+        host_rows = measured[measured["host"] == host]
+        for col, name in enumerate(panels):
+            ax = axes[row][col]
+            for profile in profiles:
+                rows = host_rows[host_rows["profile"] == profile].sort_values("concurrency")
+                values = pd.to_numeric(rows[name], errors="coerce")
+                if values.notna().any():
+                    ax.plot(rows["concurrency"], values, marker="o", ms=4,
+                            color=colors[profile], label=profile)
+                    bad = rows[~rows["usable"]]
+                    if not bad.empty:
+                        _excluded(ax, bad["concurrency"], pd.to_numeric(bad[name], errors="coerce"),
+                                  colors[profile], f"{profile}: excluded level")
+            _concurrency_axis(ax, sorted(host_rows["concurrency"].unique().tolist()))
+            ax.set_ylabel(f"{_header(name)} ({_unit(name)})")
+            ax.set_title(f"{_header(name)} vs concurrency: {host}", fontsize=10)
+            ax.legend(fontsize=7)
+    _badge(fig, badge)
+    return _png(fig)
