@@ -114,7 +114,7 @@ def callback(monkeypatch):
     display = CapturingDisplay()
     cb = servelab_callback.CallbackModule(display=display)
     options = {"heartbeat_interval": 0.05}
-    monkeypatch.setattr(cb, "_option", lambda name, default: options.get(name, default))
+    monkeypatch.setattr(cb, "_option", options.get)
     yield cb, display, options
     cb._stop_heartbeat()
 
@@ -126,7 +126,7 @@ def _row(profile, c, tok_s, host="h1"):
 
 
 def test_role_sweep_task_lines_fire(callback):
-    cb, display, _ = callback
+    cb, display, _options = callback
     task = FakeTask("servelab.serving.bench : servelab: sweep eagle3", "servelab.serving.llm_bench")
     cb.v2_runner_on_start(SimpleNamespace(name="h1"), task)
     cb.v2_runner_on_ok(_result(task, {"levels": [_row("eagle3", 1, 90.0)], "msg": "1 level(s)"}))
@@ -169,7 +169,7 @@ def test_levels_table_names_failed_levels():
 
 
 def test_summary_table_reads_the_run_parts(callback, tmp_path, monkeypatch):
-    cb, display, _ = callback
+    cb, display, _options = callback
     # the run's guard is not this test's: a stand-in that only records
     monkeypatch.setattr(servelab_callback, "GUARD", SimpleNamespace(
         run=None, signals=0, arm=lambda run: None, disarm=lambda: None, note_lock=lambda h: None))
@@ -197,7 +197,7 @@ def test_summary_table_reads_the_run_parts(callback, tmp_path, monkeypatch):
 
 
 def test_summary_falls_back_to_the_results_rows(callback, tmp_path):
-    cb, display, _ = callback
+    cb, display, _options = callback
     sweep = FakeTask("servelab: sweep", "llm_bench")
     cb.v2_runner_on_failed(_result(sweep, {"levels": [_row("baseline", 1, 90.0)],
                                            "results_dir": str(tmp_path / "nowhere" / "r7"),
@@ -251,7 +251,7 @@ def _start_task(uuid="s1"):
 
 
 def test_heartbeat_runs_while_the_server_starts_and_stops_at_its_end(callback, tmp_path):
-    cb, display, _ = callback
+    cb, display, _options = callback
     task = _start_task()
     log = tmp_path / "servelab-eagle3" / "server.log"
     log.parent.mkdir()
@@ -277,7 +277,7 @@ def test_heartbeat_runs_while_the_server_starts_and_stops_at_its_end(callback, t
 
 @pytest.mark.parametrize("end", ["failed", "skipped", "unreachable", "stats", "interrupt"])
 def test_heartbeat_stops(callback, end, monkeypatch):
-    cb, display, _ = callback
+    cb, display, _options = callback
     task = _start_task(uuid="s-" + end)
     cb._server_start = lambda host, task: servelab_callback._Starting(host.name, "eagle3")
     cb.v2_playbook_on_task_start(task, False)
@@ -313,6 +313,6 @@ def test_no_heartbeat_for_other_tasks_or_when_off(callback):
 
 
 def test_server_start_without_variables_says_what_it_can(callback):
-    cb, _display, _ = callback
+    cb, _display, _options = callback
     entry = cb._server_start(SimpleNamespace(name="h1"), _start_task())   # no variable manager
     assert entry.host == "h1" and entry.profile == "servelab-eagle3" and entry.log_path is None

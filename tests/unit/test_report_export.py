@@ -12,6 +12,7 @@ import reportrun  # tests/ (the root conftest puts it on sys.path)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report, write_report
 
+
 def make_run(tmp_path, profiles=("baseline", "eagle3")):
     """Levels C = 1, 2, 4 with output tok/s (100 + 50 p) x C, a server gauge, and requests in
     every phase (warmup, window, tail, cancelled)."""

@@ -16,9 +16,15 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections import Counter
 
-import pandas as pd
+# Controller requirements (requirements.txt), guarded like data.py's: bench_report names what is
+# missing instead of failing to load.
+try:
+    import pandas as pd
+except ImportError:  # pragma: no cover - checked by the action plugin
+    pd = None
 
 from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_text
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
@@ -162,7 +168,7 @@ def _kind(name: str) -> str:
 
 
 def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _typed_frame(records: list, columns: list, kinds: dict) -> pd.DataFrame:
@@ -220,7 +226,7 @@ def levels_schema(columns: list) -> dict:
 
 
 def _json_value(value):
-    if isinstance(value, float) and value != value:      # NaN: not measured
+    if isinstance(value, float) and math.isnan(value):      # NaN: not measured
         return None
     return value
 

@@ -19,6 +19,7 @@ Controller only: bench_report writes these beside report.html (export.export_fil
 from __future__ import annotations
 
 import json
+import math
 import os
 
 PEER_DIR = "vllm_sweep"
@@ -67,7 +68,7 @@ def _number(value):
         number = float(value)
     except (TypeError, ValueError):
         return None
-    return None if number != number else number      # NaN: not measured
+    return None if math.isnan(number) else number      # NaN: not measured
 
 
 def _count(value):
@@ -101,7 +102,7 @@ def vllm_record(row: dict, described: dict) -> dict:
         record[name] = described.get(name)
     for name in _CARRIED:
         value = row.get(name)
-        record[name] = None if isinstance(value, float) and value != value else value
+        record[name] = None if isinstance(value, float) and math.isnan(value) else value
     for key, name in _FIGURES:
         record[key] = _number(row.get(name))
     window = _number(row.get("window_s"))
