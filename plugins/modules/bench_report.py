@@ -27,6 +27,10 @@ description:
     written with it), C(levels.parquet) and C(requests.parquet). Every level row carries the
     run id, engine, engine version, model, simulator time scale and the host's GPU name and
     count; every request its phase, error kind and wall-clock send time. Error texts are redacted.
+  - Joins the GPU telemetry samples under C(telemetry/) (the bench role's gpu_telemetry) to each
+    level by its wall-clock window (SM utilisation, memory, power, SM clock, energy, tokens per
+    joule) into those files and C(levels.csv), and draws C(plots/gpu.png); without samples it
+    says why in one note.
   - The crossover of a profile on a host is the first measured level at which its output tok/s
     falls below the baseline's after having been above it at a lower level. Levels where either
     profile failed, hit more errors than O(max_error_rate), or was C(client_limited) are marked in

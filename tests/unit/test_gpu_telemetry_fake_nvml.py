@@ -23,8 +23,6 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801
     pass
 
 
-
-
 def nvmlInit():  # noqa: N802 - pynvml's names
     if os.environ.get("FAKE_NVML_MODE") == "nogpu":
         raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")

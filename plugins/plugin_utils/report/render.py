@@ -50,6 +50,7 @@ PLOT_TITLES = {
     "pareto.png": "Output tok/s per GPU against tok/s per user (Pareto frontier)",
     "ttft_cdf.png": "TTFT distribution (CDF) at chosen levels",
     "itl_cdf.png": "Inter-token latency distribution (CDF) at chosen levels",
+    "gpu.png": "GPU telemetry: SM utilisation, power and tokens per joule vs concurrency",
     "rate.png": "Open loop: throughput and TTFT vs offered request rate",
     "comparison.png": "Change against the earlier run",
 }

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import glob
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -145,7 +146,7 @@ def summarise(samples: HostSamples, start_ns: int, end_ns: int, output_tokens=No
 
 def _int(value):
     try:
-        return None if value in (None, "") or value != value else int(value)
+        return None if value in (None, "") or math.isnan(float(value)) else int(value)
     except (TypeError, ValueError):
         return None
 
@@ -155,7 +156,7 @@ def _output_tokens(row: dict):
         tok_s, window = float(row.get("output_tok_s")), float(row.get("window_s"))
     except (TypeError, ValueError):
         return None
-    if tok_s != tok_s or window != window:
+    if math.isnan(tok_s) or math.isnan(window):
         return None
     return tok_s * window
 
