@@ -3,7 +3,7 @@ role starts the sampler before each sweep and stops it after, the samples come t
 <run_dir>/telemetry/, and the report joins them to every level (levels.csv, levels.json,
 plots/gpu.png). The samplers are gone afterwards, by their pids.
 
-The fake (tests/unit/test_gpu_telemetry_fake_nvml.py) reaches the module through the
+The fake (tests/fakenvml.py) reaches the module through the
 environment (SERVELAB_GPU_TELEMETRY_NVML); the embedded default run without it (no GPU here)
 is tests/integration/test_bench_playbook.py, which must report the note instead.
 """
@@ -22,7 +22,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.table import
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
-FAKE = os.path.join(REPO, "tests", "unit", "test_gpu_telemetry_fake_nvml.py")
+FAKE = os.path.join(REPO, "tests", "fakenvml.py")
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 sampler outliving the module's own process (and the deleted AnsiballZ zip), check mode, stop by
 PID, the samples brought back with ansible.builtin.fetch, and no NVML answered without failing.
 
-The NVML is the fake of tests/unit/test_gpu_telemetry_fake_nvml.py, put in place through
+The NVML is the fake of tests/fakenvml.py, put in place through
 SERVELAB_GPU_TELEMETRY_NVML (the environment ansible-playbook passes to a local module).
 """
 import json
@@ -14,7 +14,7 @@ import time
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import still_running
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-FAKE = os.path.join(REPO, "tests", "unit", "test_gpu_telemetry_fake_nvml.py")
+FAKE = os.path.join(REPO, "tests", "fakenvml.py")
 
 PLAYBOOK = """
 - hosts: localhost

@@ -15,7 +15,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.gpu import teleme
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import still_running
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAKE = os.path.join(HERE, "test_gpu_telemetry_fake_nvml.py")
+FAKE = os.path.join(os.path.dirname(HERE), "fakenvml.py")
 
 
 class FakeNvml:

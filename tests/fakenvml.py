@@ -1,6 +1,6 @@
 """A stand-in for pynvml (two GPUs), for the GPU telemetry tests: loaded by path through
 SERVELAB_GPU_TELEMETRY_NVML (the detached sampler, the module through ansible-playbook) or
-imported as an object. Named test_* to sit with the tests it serves; it holds no tests itself.
+imported as an object.
 
 FAKE_NVML_MODE=nogpu makes nvmlInit fail as it does on a machine without a driver.
 """
