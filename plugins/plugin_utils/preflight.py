@@ -97,22 +97,16 @@ SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LEVEL_TIMEOUT = float(BENCH_SPEC["level_timeout"]["default"])
 FIX = "fix it where it is set (group_vars, host_vars or -e)"
 # llm_bench option -> the bench_* variable the role fills it from (for llm_bench's own messages).
-OPTION_VARIABLES = {
-    "base_url": "bench_target_host/bench_server_port", "model": "bench_model", "api": "bench_api",
-    "concurrency": "bench_concurrency", "workload": "bench_workload",
-    "max_tokens": "bench_max_tokens", "level_seconds": "bench_level_seconds",
-    "level_timeout": "bench_level_timeout", "warmup_requests": "bench_warmup_requests",
-    "slo": "bench_slo", "min_latency_samples": "bench_min_latency_samples",
-    "drain_timeout": "bench_drain_timeout", "load_mode": "bench_load_mode",
-    "request_rate": "bench_request_rate", "arrival": "bench_arrival",
-    "processes": "bench_processes", "ignore_eos": "bench_ignore_eos",
-    "extra_body": "bench_extra_body", "min_window_requests": "bench_min_window_requests",
-    "max_requests": "bench_max_requests", "target_ci_pct": "bench_target_ci_pct",
-    "ci_batches": "bench_ci_batches", "stall_timeout": "bench_stall_timeout",
-    "ramp_seconds": "bench_ramp_seconds", "socket_rcvbuf": "bench_socket_rcvbuf",
-    "seed": "bench_seed", "per_chunk_usage": "bench_per_chunk_usage",
-    "rx_timestamps": "bench_rx_timestamps", "server_metrics": "bench_server_metrics",
-}
+# (Every option but base_url comes from the bench_* variable of its own name.)
+OPTION_VARIABLES = dict(
+    {"base_url": "bench_target_host/bench_server_port"},
+    **{name: "bench_" + name for name in (
+        "model", "api", "concurrency", "workload", "max_tokens", "level_seconds", "level_timeout",
+        "warmup_requests", "slo", "min_latency_samples", "drain_timeout", "load_mode", "request_rate",
+        "arrival", "processes", "ignore_eos", "extra_body", "min_window_requests", "max_requests",
+        "target_ci_pct", "ci_batches", "stall_timeout", "ramp_seconds", "socket_rcvbuf", "seed",
+        "per_chunk_usage", "rx_timestamps", "server_metrics",
+    )})
 # llm_bench options the role passes from a bench_* variable of the same name, by type
 # (tasks/profile.yml's sweep); None (an optional one unset) is left out, as the role omits it.
 SWEEP_OPTIONS = {

@@ -231,44 +231,43 @@ class Drainer:
         if left > 0:
             time.sleep(left)
 
-    def _wait_metric(self, deadline: float) -> Tuple[bool, str]:
+    def _settle(self, deadline: float, read: Callable[[float], Tuple[bool, str]], settle: int,
+                gap: float) -> Tuple[bool, str]:
+        """Read until `settle` idle readings in a row (True, the last reading) or the deadline
+        (False, the last reading); `read(deadline)` gives (idle, what it read)."""
         streak = 0
         last = "nothing"
         while True:
+            if deadline - self.clock() <= 0:
+                return False, last
+            idle, last = read(deadline)
+            streak = streak + 1 if idle else 0
+            if streak >= settle:
+                return True, last
             left = deadline - self.clock()
             if left <= 0:
                 return False, last
+            time.sleep(min(gap, left))
+
+    def _wait_metric(self, deadline: float) -> Tuple[bool, str]:
+        def read(deadline):
             try:
                 text = self.fetch(self.metrics_url, self._bounded(SCRAPE_TIMEOUT_S, deadline))
                 busy = busy_requests(parse_prometheus(text))
-                last = "no gauge" if busy is None else "%g" % busy
             except Exception as exc:  # noqa: BLE001 - a failed read is not an idle reading
-                busy, last = None, "an error (%s)" % exc
-            streak = streak + 1 if busy == 0 else 0
-            if streak >= METRIC_SETTLE:
-                return True, last
-            left = deadline - self.clock()
-            if left <= 0:
-                return False, last
-            time.sleep(min(POLL_S, left))
+                return False, "an error (%s)" % exc
+            return busy == 0, "no gauge" if busy is None else "%g" % busy
+        return self._settle(deadline, read, METRIC_SETTLE, POLL_S)
 
     def _wait_probe(self, deadline: float) -> Tuple[bool, str]:
         limit = idle_tolerance_ms(self.idle_ttft_ms)
-        streak = 0
-        last = "none"
-        while True:
-            left = deadline - self.clock()
-            if left <= 0:
-                return False, last
+
+        def read(deadline):
             ttft, error = self.probe(self._bounded(PROBE_TIMEOUT_S, deadline))
-            last = "%.1f ms" % ttft if ttft is not None else "failed (%s)" % error
-            streak = streak + 1 if ttft is not None and ttft <= limit else 0
-            if streak >= PROBE_SETTLE:
-                return True, last
-            left = deadline - self.clock()
-            if left <= 0:
-                return False, last
-            time.sleep(min(PROBE_GAP_S, left))
+            if ttft is None:
+                return False, "failed (%s)" % error
+            return ttft <= limit, "%.1f ms" % ttft
+        return self._settle(deadline, read, PROBE_SETTLE, PROBE_GAP_S)
 
     # -- one probe --------------------------------------------------------------------------
 

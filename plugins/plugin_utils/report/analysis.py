@@ -122,14 +122,19 @@ class ComparePoint:
     beyond_ci: bool | None = None
 
 
-def _num(value) -> float | None:
-    if value is None:
+def finite_number(value) -> float | None:
+    """A cell as a number: None for a missing, blank, boolean, unreadable or NaN value (every
+    report module reads level cells this way)."""
+    if value is None or isinstance(value, bool):
         return None
     try:
         value = float(value)
     except (TypeError, ValueError):
         return None
     return None if math.isnan(value) else value
+
+
+_num = finite_number
 
 
 def fmt_c(value: float) -> str:

@@ -15,13 +15,14 @@ which (`itl_basis`), and the axis label says it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import part_stem
-from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import ecdf, exclusion_reason
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
+    ecdf, exclusion_reason, finite_number as _number,
+)
 
 ITL_TOKEN, ITL_CHUNK, ITL_TPOT = "token", "chunk", "tpot"
 NS_PER_MS = 1_000_000
@@ -52,16 +53,6 @@ class CdfSeries:
     usable: bool
     reason: str = ""  # exclusion_reason of the level
     itl_basis: str = ""  # ITL_* for metric itl
-
-
-def _number(value) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) else value
 
 
 def _add_chunks(samples: LevelSamples, record: dict) -> None:

@@ -27,6 +27,9 @@ except ImportError:  # pragma: no cover - checked by the action plugin
     pd = None
 
 from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_text
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
+    finite_number as _number,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     FIELD,
     FIELDS,
@@ -78,13 +81,6 @@ _JSON = {KIND_INT: "integer", KIND_FLOAT: "number", KIND_BOOL: "boolean", KIND_S
 
 def _text(value):
     return None if value in (None, "") else str(value)
-
-
-def _number(value):
-    try:
-        return None if value in (None, "") else float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def describe(manifest: dict, run_id: str) -> dict:

@@ -22,6 +22,10 @@ import json
 import math
 import os
 
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
+    finite_number as _number,
+)
+
 PEER_DIR = "vllm_sweep"
 SUMMARY_JSON = "summary.json"
 
@@ -59,16 +63,6 @@ _CARRIED = ("host", "profile", "load_mode", "client_limited", "window_complete",
 
 # What the level does not say; each record says which run it came from and on what.
 _DESCRIBING = ("run_id", "engine", "engine_version", "gpu_name", "gpu_count", "time_scale")
-
-
-def _number(value):
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number      # NaN: not measured
 
 
 def _count(value):
