@@ -12,9 +12,11 @@ description:
   - V(started) forks a detached sampler process (its own session, output to a log, a pid file
     with its pid and start time) that appends one JSON line per O(interval) to
     C(<state_dir>/telemetry-<name>/telemetry.jsonl) - the wall-clock time and, per GPU, SM
-    utilisation %, memory used MiB, power W and SM clock MHz, read through NVML (pynvml).
+    utilisation %, memory used MiB, power W and SM clock MHz, read through NVML (pynvml where
+    importable, else servelab's ctypes binding of the driver's libnvidia-ml, so nvidia-ml-py is
+    not needed on the GPU server).
   - The sampler ends itself after O(max_seconds), so it never outlives a run that could not stop it.
-  - Without NVML (pynvml not importable, no driver, no GPU) the sampler writes one line saying why
+  - Without NVML (no driver, no GPU) the sampler writes one line saying why
     and exits; the task does not fail (RV(available=false), RV(reason)).
   - V(stopped) ends the sampler by its pid, only while that pid is still the process it started
     (pid and start time from C(/proc)), and returns where the samples are (and, with
@@ -99,7 +101,10 @@ reason:
   description: Why there is no telemetry; empty when there is.
   returned: always
   type: str
-  sample: "pynvml (nvidia-ml-py) not importable by /usr/bin/python3.12: No module named 'pynvml'"
+  sample: >-
+    pynvml (nvidia-ml-py) not importable by /usr/bin/python3.12: No module named 'pynvml';
+    libnvidia-ml.so.1 not loadable: libnvidia-ml.so.1: cannot open shared object file
+    (NVML error -1)
 pid:
   description: V(started) - the sampler's pid (null once it exited for want of NVML).
   returned: when state is started

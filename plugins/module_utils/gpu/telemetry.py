@@ -11,13 +11,15 @@ identity proc/table.py defines) to `sampler.pid`, opens NVML, and appends one JS
       "mem_used_mib": 131072, "power_w": 612.3, "sm_clock_mhz": 1980}, ...]}
     {"kind": "end", "t_ns": ..., "reason": "stopped" | "max_seconds"}
 
-Where NVML cannot be used (pynvml not importable, no driver, no GPU) it writes one line
+Where NVML cannot be used (no driver, no GPU) it writes one line
 `{"kind": "unavailable", "reason": ...}` and exits: that is an answer, not an error.
 
 Choices, kept to what is robust:
-- NVML only (pynvml, nvidia-ml-py, when importable): one read is microseconds per GPU; an
-  nvidia-smi run per sample costs tens of milliseconds of CPU on the machine being measured.
-  Without pynvml the telemetry is simply absent, with its reason.
+- NVML only: one read is microseconds per GPU; an nvidia-smi run per sample costs tens of
+  milliseconds of CPU on the machine being measured. Through pynvml (nvidia-ml-py) when the
+  python importable there has it, else through servelab's ctypes binding of the driver's own
+  libnvidia-ml (gpu/nvml_ctypes.py): the python Ansible uses on a GPU server rarely has
+  nvidia-ml-py, the driver always has NVML. No driver: the telemetry is absent, with its reason.
 - Wall clock (time.time_ns): the samples are joined on the controller to each level's window,
   which the bench client records on its own wall clock (window_start_unix_ns); the two machines
   agree to NTP's few milliseconds, far below the 0.5 s interval.
@@ -46,6 +48,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.servelab.serving.plugins.module_utils.gpu import nvml_ctypes
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
     read_process, read_stat,
 )
@@ -54,6 +57,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.terminate im
 )
 
 ENV_NVML = "SERVELAB_GPU_TELEMETRY_NVML"   # path of a python file that stands in for pynvml
+NVML_CTYPES = "ctypes"     # that variable's value that picks servelab's own binding (nvml_ctypes)
 MIB = 1024 * 1024
 DEFAULT_INTERVAL = 0.5
 DEFAULT_MAX_SECONDS = 6 * 3600.0
@@ -107,9 +111,13 @@ def paths_for(state_dir: str, name: str) -> Paths:
 
 
 def load_nvml():
-    """(pynvml-like module or None, reason): the stand-in named by SERVELAB_GPU_TELEMETRY_NVML,
-    else pynvml."""
+    """(pynvml-like module or None, reason): the stand-in named by SERVELAB_GPU_TELEMETRY_NVML
+    (`ctypes` there picks servelab's own binding), else pynvml, else servelab's ctypes binding of
+    libnvidia-ml (gpu/nvml_ctypes.py), so a GPU server's system python3 without nvidia-ml-py
+    still samples wherever the driver is installed."""
     path = os.environ.get(ENV_NVML)
+    if path == NVML_CTYPES:
+        return _load_ctypes("")
     if path:
         try:
             spec = importlib.util.spec_from_file_location("servelab_nvml_standin", path)
@@ -123,9 +131,24 @@ def load_nvml():
     try:
         import pynvml  # nvidia-ml-py
     except ImportError as exc:
-        return None, "pynvml (nvidia-ml-py) not importable by %s: %s" % (
-            os.path.realpath(sys.executable), exc)
+        return _load_ctypes("pynvml (nvidia-ml-py) not importable by %s: %s" % (
+            os.path.realpath(sys.executable), exc))
     return pynvml, ""
+
+
+def _load_ctypes(why_not_pynvml: str):
+    try:
+        return nvml_ctypes.load(), ""
+    except nvml_ctypes.NvmlError as exc:
+        reasons = [r for r in (why_not_pynvml, str(exc)) if r]
+        return None, "; ".join(reasons)
+
+
+def binding_name(nv) -> str:
+    """Which NVML binding a sampler reads through, for the start line."""
+    if isinstance(nv, nvml_ctypes.Nvml):
+        return NVML_CTYPES
+    return getattr(nv, "__name__", type(nv).__name__)
 
 
 def _call(fn: Callable, *args):
@@ -218,7 +241,8 @@ def run_sampler(out_path: str, interval: float = DEFAULT_INTERVAL,
             return KIND_UNAVAILABLE
         try:
             _line(fh, dict(head, kind=KIND_START, interval=interval, max_seconds=max_seconds,
-                           source="nvml", gpus=len(sampler.handles)))
+                           source="nvml", binding=binding_name(sampler.nv),
+                           gpus=len(sampler.handles)))
             if ready:
                 ready("")
             started = time.monotonic()
