@@ -11,7 +11,8 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
 
-from test_simulator import closed_loop, start_sim  # noqa: F401 (the fixture)
+from test_simulator import closed_loop
+from test_simulator import start_sim  # noqa: F401 (the fixture, used by name)
 
 PROMPT, OUTPUT = sim.DEFAULT_PROMPT_TOKENS, sim.DEFAULT_OUTPUT_TOKENS
 
@@ -79,7 +80,7 @@ def metric(port, name):
     return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
 
 
-def test_served_dynamic_schedule_matches_its_prediction_and_counts_its_switches(start_sim):
+def test_served_dynamic_schedule_matches_its_prediction_and_counts_its_switches(start_sim):  # noqa: F811
     prompt, output, scale = 512, 128, 20.0
     srv = start_sim("--profile", "eagle3_dynamic", "--time-scale", scale)
     live = closed_loop(srv.port, 5, prompt, output, 6)
@@ -90,7 +91,7 @@ def test_served_dynamic_schedule_matches_its_prediction_and_counts_its_switches(
     assert metric(srv.port, "servelab_sim:spec_switches_total") > 0
 
 
-def test_served_pathological_schedule_collapses(start_sim):
+def test_served_pathological_schedule_collapses(start_sim):  # noqa: F811
     prompt, output, scale = 512, 128, 20.0
     thrash = start_sim("--profile", "eagle3_thrash", "--time-scale", scale)
     base = start_sim("--profile", "baseline", "--time-scale", scale)
