@@ -6,37 +6,18 @@ distribution's service); under CI a missing haproxy fails the test, elsewhere it
 After an intended change: SERVELAB_REGEN_GOLDEN=1 pytest tests/unit/test_server_haproxy.py.
 """
 import os
-import shutil
 import subprocess
 
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.server import haproxy
 
+from haproxybin import haproxy_binary
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "data", "haproxy", "router.cfg")
 SPLIT = haproxy.RouterSplit(listen_host="127.0.0.1", listen_port=30123, spec_port=30124,
                             base_port=30125, spec_max_conn=3, spec_gpus="0,1,2,3",
                             base_gpus="4,5,6,7")
-
-
-def haproxy_binary() -> str:
-    """The distribution's haproxy, installed as root when missing (like the browser test's
-    chromium). The package's service is not started: a policy-rc.d for the install only."""
-    found = shutil.which("haproxy") or (os.path.exists("/usr/sbin/haproxy") and "/usr/sbin/haproxy")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", RUNLEVEL="1")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "haproxy"],
-                       env=env, check=False, timeout=900)
-        found = shutil.which("haproxy") or (os.path.exists("/usr/sbin/haproxy")
-                                            and "/usr/sbin/haproxy")
-        if found:
-            return found
-    if os.environ.get("CI"):
-        pytest.fail("haproxy missing under CI (apt-get install haproxy)", pytrace=False)
-    pytest.skip("no haproxy (apt-get install haproxy, as root)")
 
 
 def test_router_config_matches_the_golden_file():
