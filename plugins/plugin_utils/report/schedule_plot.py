@@ -55,6 +55,9 @@ def plot_derived(results: list, badge: str | None = None) -> bytes | None:
                 bottom.annotate(f"{v:.0f}%", (c, v), textcoords="offset points", xytext=(0, 6),
                                 ha="center", fontsize=7)
             _concurrency_axis(bottom, [p[0] for p in ratio])
+            # At least 90-110 %: a flat 100 % line must not be zoomed into noise.
+            values = [p[1] for p in ratio]
+            bottom.set_ylim(min(min(values) - 5, 90), max(max(values) + 5, 110))
         bottom.axhline(100, color="grey", ls=":")
         bottom.set_ylabel("% of the envelope (green: reached within CIs)")
     _badge(fig, badge)
