@@ -21,7 +21,7 @@ description:
     in flight.
   - Without a crossover on the host, C(skipped) says why and nothing is to run.
 version_added: "0.1.0"
-author: servelab
+author: servelab (!UNKNOWN)
 options:
   results_dir:
     description: The run directory (C(results/<run_id>)).

@@ -3,6 +3,7 @@
 Predictions are the discrete-event model (deterministic, ~0.3 s per level); the live checks run
 one server each for a few seconds at time_scale 20.
 """
+import contextlib
 import dataclasses
 import re
 import urllib.request
@@ -11,10 +12,17 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
 
+from simproc import ServerProcess
 from test_simulator import closed_loop
-from test_simulator import start_sim  # noqa: F401 (the fixture, used by name)
 
 PROMPT, OUTPUT = sim.DEFAULT_PROMPT_TOKENS, sim.DEFAULT_OUTPUT_TOKENS
+
+
+@pytest.fixture
+def start_sim():
+    """start_sim(*args) -> a listening simulator, ended by PID when the test ends."""
+    with contextlib.ExitStack() as running:
+        yield lambda *args: running.enter_context(ServerProcess("--host", "127.0.0.1", *args))
 
 
 def tok_s(profile, c):
@@ -80,7 +88,7 @@ def metric(port, name):
     return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
 
 
-def test_served_dynamic_schedule_matches_its_prediction_and_counts_its_switches(start_sim):  # noqa: F811
+def test_served_dynamic_schedule_matches_its_prediction_and_counts_its_switches(start_sim):
     prompt, output, scale = 512, 128, 20.0
     srv = start_sim("--profile", "eagle3_dynamic", "--time-scale", scale)
     live = closed_loop(srv.port, 5, prompt, output, 6)
@@ -91,7 +99,7 @@ def test_served_dynamic_schedule_matches_its_prediction_and_counts_its_switches(
     assert metric(srv.port, "servelab_sim:spec_switches_total") > 0
 
 
-def test_served_pathological_schedule_collapses(start_sim):  # noqa: F811
+def test_served_pathological_schedule_collapses(start_sim):
     prompt, output, scale = 512, 128, 20.0
     thrash = start_sim("--profile", "eagle3_thrash", "--time-scale", scale)
     base = start_sim("--profile", "baseline", "--time-scale", scale)
