@@ -143,6 +143,13 @@ class SimProfile:
     ttft_ms: float = 50.0                 # fixed: request -> first chunk
     tokens_per_chunk: int = 0             # >0: every chunk carries this many tokens
     firehose_events_per_write: int = 1    # firehose: SSE events per transport write
+    # Speculation switched by load (see speculation_on): off | threshold | thrash.
+    spec_dynamic: str = "off"
+    spec_max_batch: int = 0               # dynamic: speculation on while the batch is at most this
+    spec_switch_ms: float = 0.0           # dynamic: extra step time on each step that switches
+    spec_off_step_base_ms: float = 0.0    # dynamic: the step costs with speculation off
+    spec_off_step_per_req_ms: float = 0.0
+    step_scale: float = 1.0               # every step term times this (the split halves)
     description: str = ""
 
 
@@ -239,8 +246,60 @@ def fitted_profiles(fit: Mapping[str, float]) -> Dict[str, SimProfile]:
     return out
 
 
+# --- speculation by load and the two-server split: stated model choices, not field fits --------
+# The field ran each configuration statically; nothing in FIELD_DATA measures a switch or a split.
+# A healthy schedule's switch: a change of the step's shape (the verify tokens in the batch), a
+# graph switch of about a step's fixed cost. Chosen, not measured.
+DYNAMIC_SWITCH_MS = 2.0
+DYNAMIC_MAX_BATCH = 3        # the fitted curves cross between C=3 and C=5 (--fit-report)
+# The pathological schedule's switch, chosen so that at twice the threshold the aggregate falls
+# into the range vLLM issue #49548 reports for 8 clients over a threshold of 4: 24-157 tok/s
+# dynamic against 232 static, i.e. 10-68 % of the static profile.
+THRASH_SWITCH_MS = 120.0
+# ASSUMPTION for the router case (two servers, each on half the GPUs): the field measured TP=8
+# only. A half (TP=4 on 4 of the 8 GPUs) is modelled as the TP=8 fit with every step term
+# SPLIT_STEP_SCALE times longer (each GPU reads twice the weights per step; the all-reduce is
+# cheaper with fewer ranks, so less than 2x) and half the running slots. Override with
+# step_scale in the profile's simulator settings; the report labels these curves as assumed.
+SPLIT_STEP_SCALE = 1.7
+SPLIT_MAX_RUNNING = 128
+SPLIT_ASSUMPTION = (f"assumed, not fitted: each half runs the TP=8 fit with every step "
+                    f"{SPLIT_STEP_SCALE}x longer and {SPLIT_MAX_RUNNING} running slots "
+                    f"(the field measured TP=8 only)")
+
+
+def load_switched_profiles(fitted: Mapping[str, SimProfile]) -> Dict[str, SimProfile]:
+    """eagle3 switched by load (healthy and pathological) and the split halves, derived from the
+    fitted baseline and eagle3 profiles."""
+    base, spec = fitted["baseline"], fitted["eagle3"]
+    off = dict(spec_off_step_base_ms=base.step_base_ms,
+               spec_off_step_per_req_ms=base.step_per_req_ms)
+    return {
+        "eagle3_dynamic": dataclasses.replace(
+            spec, name="eagle3_dynamic", spec_dynamic="threshold",
+            spec_max_batch=DYNAMIC_MAX_BATCH, spec_switch_ms=DYNAMIC_SWITCH_MS,
+            description="eagle3 while the batch is at most spec_max_batch, baseline above; "
+                        "each switch costs spec_switch_ms", **off),
+        "eagle3_thrash": dataclasses.replace(
+            spec, name="eagle3_thrash", spec_dynamic="thrash",
+            spec_max_batch=DYNAMIC_MAX_BATCH, spec_switch_ms=THRASH_SWITCH_MS,
+            description="pathological schedule (vLLM issue #49548): keyed off every scheduled "
+                        "request and flipping every step above the threshold", **off),
+        "baseline_half": dataclasses.replace(
+            base, name="baseline_half", step_scale=SPLIT_STEP_SCALE,
+            max_running=SPLIT_MAX_RUNNING, description="baseline on half the GPUs: "
+                                                       + SPLIT_ASSUMPTION),
+        "eagle3_half": dataclasses.replace(
+            spec, name="eagle3_half", step_scale=SPLIT_STEP_SCALE,
+            max_running=SPLIT_MAX_RUNNING, description="eagle3 on half the GPUs: "
+                                                       + SPLIT_ASSUMPTION),
+    }
+
+
+_FITTED = fitted_profiles(_FIT)
 PROFILES: Dict[str, SimProfile] = {
-    **fitted_profiles(_FIT),
+    **_FITTED,
+    **load_switched_profiles(_FITTED),
     "fixed": SimProfile(
         name="fixed", mode="fixed", max_running=1_000_000,
         description="test: first chunk after exactly ttft_ms, then one chunk every step_ms"),
@@ -249,6 +308,7 @@ PROFILES: Dict[str, SimProfile] = {
         description="test: chunks as fast as the event loop allows"),
 }
 MODES = ("batched", "fixed", "firehose")
+SPEC_DYNAMIC_MODES = ("off", "threshold", "thrash")
 _PROFILE_FIELDS = {f.name: f for f in dataclasses.fields(SimProfile)}
 _MODE_ONLY = {"step_ms": "fixed", "ttft_ms": "fixed", "firehose_events_per_write": "firehose"}
 
@@ -280,6 +340,26 @@ def validate_profile(p: SimProfile) -> SimProfile:
         raise SimError(f"spec_num_steps must be >= 0 (got {p.spec_num_steps})")
     if p.speculative and p.spec_num_steps < 1:
         raise SimError("speculative profiles need spec_num_steps >= 1")
+    if p.spec_dynamic not in SPEC_DYNAMIC_MODES:
+        raise SimError(f"spec_dynamic must be one of {', '.join(SPEC_DYNAMIC_MODES)} "
+                       f"(got {p.spec_dynamic!r})")
+    if p.spec_dynamic != "off":
+        if not p.speculative:
+            raise SimError(f"spec_dynamic {p.spec_dynamic} switches speculation by load: it "
+                           f"needs a speculative profile (e.g. --profile eagle3_dynamic)")
+        if p.spec_max_batch < 1:
+            raise SimError("spec_dynamic needs spec_max_batch >= 1, the largest batch that "
+                           "still speculates")
+        if p.spec_off_step_base_ms + p.spec_off_step_per_req_ms <= 0:
+            raise SimError("spec_dynamic needs the step costs without speculation: set "
+                           "spec_off_step_base_ms (and spec_off_step_per_req_ms)")
+    for name in ("spec_switch_ms", "spec_off_step_base_ms", "spec_off_step_per_req_ms"):
+        if not getattr(p, name) >= 0:
+            raise SimError(f"{name} must be >= 0 (got {getattr(p, name)!r})")
+    if p.spec_max_batch < 0:
+        raise SimError(f"spec_max_batch must be >= 0 (got {p.spec_max_batch})")
+    if not (math.isfinite(p.step_scale) and p.step_scale > 0):
+        raise SimError(f"step_scale must be a number > 0 (got {p.step_scale!r})")
     if p.mode == "batched" and p.step_base_ms + p.step_per_req_ms + p.moe_ms <= 0:
         raise SimError("a batched profile needs a positive step time: set step_base_ms > 0")
     return p
@@ -354,11 +434,45 @@ def tokens_per_decode_step(p: SimProfile) -> float:
     return 1.0
 
 
-def step_ms(p: SimProfile, decoding: int, new_prompt_tokens: int = 0) -> float:
-    """Model duration of one batched step (ms, before time_scale)."""
-    return (p.step_base_ms + p.step_per_req_ms * decoding
-            + p.moe_ms * _moe_fraction(p.moe_token_share, decoding + new_prompt_tokens)
-            + p.prefill_per_token_ms * new_prompt_tokens)
+def step_ms(p: SimProfile, decoding: int, new_prompt_tokens: int = 0,
+            spec_on: bool = True) -> float:
+    """Model duration of one batched step (ms, before time_scale). A dynamic profile's step
+    with speculation off costs what the baseline's does (spec_off_* costs)."""
+    off = p.spec_dynamic != "off" and not spec_on
+    base = p.spec_off_step_base_ms if off else p.step_base_ms
+    per_req = p.spec_off_step_per_req_ms if off else p.step_per_req_ms
+    return p.step_scale * (
+        base + per_req * decoding
+        + p.moe_ms * _moe_fraction(p.moe_token_share, decoding + new_prompt_tokens)
+        + p.prefill_per_token_ms * new_prompt_tokens)
+
+
+def speculation_on(p: SimProfile, decoding: int, admitted: int,
+                   previous: Optional[bool]) -> bool:
+    """Whether this step speculates.
+
+    off: a speculative profile always does. threshold (the healthy schedule, vLLM's
+    `num_speculative_tokens_per_batch_size` working as meant): on while the decoding batch is at
+    most spec_max_batch. thrash (the pathological schedule, modelled on vLLM issue #49548's
+    report): the lookup is keyed off every scheduled request, prefills included, and above the
+    threshold it flips on/off from one step to the next ("K flips 2<->0 step-to-step"), so a
+    loaded server pays spec_switch_ms on nearly every step."""
+    if not p.speculative:
+        return False
+    if p.spec_dynamic == "off":
+        return True
+    if p.spec_dynamic == "threshold":
+        return decoding <= p.spec_max_batch
+    if decoding + admitted <= p.spec_max_batch:
+        return True
+    return not previous if previous is not None else False
+
+
+def switch_ms(p: SimProfile, on: bool, previous: Optional[bool]) -> float:
+    """The stated cost of a switch (a step whose speculation differs from the last one's)."""
+    if p.spec_dynamic == "off" or previous is None or on == previous:
+        return 0.0
+    return p.spec_switch_ms * p.step_scale
 
 
 def single_stream_tok_s(profile_or_params) -> float:
@@ -505,6 +619,7 @@ def _simulate_closed_loop(p: SimProfile, C: int, P: int, O: int, ts: float,  # n
         send(0.0)
     queue: deque = deque()
     running: List[list] = []
+    previous_on: Optional[bool] = None
     done = 0
     start_at = 2 * C
     stop_at = start_at + max(4 * C, MIN_MEASURED_REQUESTS)
@@ -529,13 +644,15 @@ def _simulate_closed_loop(p: SimProfile, C: int, P: int, O: int, ts: float,  # n
             free -= 1
             budget -= P
         queued = len(queue)
-        dt = step_ms(p, decoding, len(new) * P)
+        on = speculation_on(p, decoding, len(new), previous_on)
+        dt = step_ms(p, decoding, len(new) * P, on) + switch_ms(p, on, previous_on)
+        previous_on = on
         t += dt
         emitted = 0
         finished: List[list] = []
         for req in running:
             draws = req[3]
-            k = per_step if draws is None else draws.next()
+            k = per_step if draws is None or not on else draws.next()
             if k >= req[0]:
                 k = req[0]
                 finished.append(req)
@@ -740,6 +857,7 @@ class Stats:
         self.requests_received_total = 0
         self.requests_failed_total = 0
         self.decode_steps_total = 0
+        self.spec_switches_total = 0         # steps whose speculation differed from the last's
         self.spec_verify_total = 0           # request-steps that verified drafts
         self.spec_tokens_total = 0           # tokens those request-steps yielded
         self._buckets: deque = deque()       # [bucket(0.1 s), tokens, verifies, spec_tokens]
@@ -1177,6 +1295,9 @@ class SimServer:
              s.requests_failed_total),
             ("servelab_sim:decode_steps_total", "counter", "Scheduler steps run.",
              s.decode_steps_total),
+            ("servelab_sim:spec_switches_total", "counter",
+             "Steps that switched speculation on or off (dynamic profiles).",
+             s.spec_switches_total),
             ("servelab_sim:spec_verify_total", "counter",
              "Request-steps that verified draft tokens (accept length = tokens / verifies).",
              s.spec_verify_total),
@@ -1317,6 +1438,7 @@ class SimServer:
         lag_limit = 0.003
         anchor = loop.time()
         fixed_k = p.tokens_per_chunk
+        previous_on: Optional[bool] = None
         while True:
             if self.queue and self.queue[0].finished:
                 self.queue = deque(r for r in self.queue if not r.finished)
@@ -1345,7 +1467,12 @@ class SimServer:
                 budget -= head.prompt_tokens
             decoding = [r for r in self.running if r.stall_until <= now]
             new_tokens = sum(r.prompt_tokens for r in new)
-            dt = step_ms(p, len(decoding), new_tokens) / 1000.0 / ts
+            on = speculation_on(p, len(decoding), len(new), previous_on)
+            if previous_on is not None and on != previous_on:
+                self.stats.spec_switches_total += 1
+            dt = (step_ms(p, len(decoding), new_tokens, on)
+                  + switch_ms(p, on, previous_on)) / 1000.0 / ts
+            previous_on = on
             deadline = anchor + dt
             if deadline > now:
                 await asyncio.sleep(deadline - now)
@@ -1359,7 +1486,7 @@ class SimServer:
                 left = req.target - req.emitted
                 if fixed_k:
                     k = fixed_k
-                elif req.draws is not None:
+                elif req.draws is not None and on:
                     k = req.draws.next()
                     verifies += 1
                     spec_tokens += min(k, left)

@@ -63,6 +63,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.profiles i
 from ansible_collections.servelab.serving.plugins.module_utils.server.render import ENGINES, render_server
 from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import SGLANG_DEFAULT_VERSION
 from ansible_collections.servelab.serving.plugins.module_utils.server.simulator_file import SCRIPT_NAME
+from ansible_collections.servelab.serving.plugins.plugin_utils.derived_preflight import check_derived
 
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_DIR = os.path.join(COLLECTION_ROOT, "roles", "bench")
@@ -731,6 +732,10 @@ def _check_sweep_options(inp: HostInput, workload: Optional[dict], model: Option
             % (variable, text, variable))
 
 
+DERIVED_VARIABLES = ("bench_derived_profiles", "bench_derived_source", "bench_derived_baseline",
+                     "bench_profiles", "bench_engine", "bench_server_port")
+
+
 def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
                spec_options: Mapping[str, Mapping], inventory_hosts: Sequence[str],
                targets: Dict[str, TargetCheck]) -> Tuple[List[Problem], int]:
@@ -760,6 +765,8 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
     count, model, external_url = (0, None, None)
     if "bench_profiles" not in flagged and "bench_engine" not in inp.errors:
         count, model, external_url = _check_profiles(inp, spec, add, targets)
+    if not flagged.intersection(DERIVED_VARIABLES):
+        check_derived(inp.values, add)
     if not flagged.intersection(SWEEP_VARIABLES) and not set(SWEEP_VARIABLES) & set(inp.errors):
         _check_sweep_options(inp, workload, model, add, external_url)
     return problems, count

@@ -15,6 +15,10 @@ from typing import Any, Mapping, Optional, Tuple, Union
 
 # Dicts merge key by key, lists and scalars replace: the manifest's merge rule, reused.
 from ansible_collections.servelab.serving.plugins.module_utils.mapping import deep_merge
+from ansible_collections.servelab.serving.plugins.module_utils.server.spec_schedule import (
+    ScheduleError,
+    validate_schedule,
+)
 
 
 class ProfileError(ValueError):
@@ -55,7 +59,8 @@ PROFILE_KEYS = (
     "flashinfer_allreduce_fusion", "torch_symm_mem", "mem_fraction_static", "cuda_graph_max_bs",
     "max_running_requests", "enable_metrics", "extra_args", "env", "simulator", "command", "ready",
 )
-SPECULATIVE_KEYS = ("algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens")
+SPECULATIVE_KEYS = ("algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
+                    "tokens_per_batch_size")
 # Steps, topk and draft tokens are one decision: SGLang picks all three itself when none is set
 # and asserts when only some are.
 SPECULATIVE_SHAPE_KEYS = ("num_steps", "eagle_topk", "num_draft_tokens")
@@ -73,6 +78,8 @@ class SpeculativeConfig:
     num_steps: Optional[int] = None
     eagle_topk: Optional[int] = None
     num_draft_tokens: Optional[int] = None
+    # Speculation by load (vLLM's num_speculative_tokens_per_batch_size): server/spec_schedule.py.
+    tokens_per_batch_size: Optional[Tuple[Tuple[int, int, int], ...]] = None
 
 
 @dataclass(frozen=True)
@@ -237,8 +244,15 @@ def _parse_speculative(raw, where: str) -> Optional[SpeculativeConfig]:
             f"num_steps + 1 = {shape['num_steps'] + 1} (got {shape['num_draft_tokens']}); "
             f"SGLang would override it")
     draft = raw.get("draft_model_path")
+    schedule = None
+    if raw.get("tokens_per_batch_size") is not None:
+        try:
+            schedule = validate_schedule(raw["tokens_per_batch_size"], shape["num_steps"],
+                                         f"{where}.tokens_per_batch_size")
+        except ScheduleError as exc:
+            raise ProfileError(str(exc)) from None
     return SpeculativeConfig(algorithm=algorithm, draft_model_path=str(draft) if draft else None,
-                             **shape)
+                             tokens_per_batch_size=schedule, **shape)
 
 
 def _parse_ready(raw, where: str) -> Optional[ReadyCheck]:

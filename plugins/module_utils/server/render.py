@@ -182,6 +182,11 @@ def render_server(profile: Profile, engine: str, host: str, port: Optional[int],
     port = int(port)
     warnings: List[str] = []
     ignored: Tuple[str, ...] = ()
+    if engine in ("sglang", "command") and profile.speculative is not None \
+            and profile.speculative.tokens_per_batch_size:
+        raise ProfileError(f"profile {profile.name!r}: speculative.tokens_per_batch_size is vLLM's "
+                           f"switch by load; {engine} has none (for SGLang, run two servers "
+                           f"behind the router: bench_derived_profiles [router])")
     if engine == "sglang":
         version = parse_version(engine_version)
         warnings += version_warnings(version)

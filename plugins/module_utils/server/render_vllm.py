@@ -12,6 +12,7 @@ import os
 from typing import List, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import Profile, ProfileError
+from ansible_collections.servelab.serving.plugins.module_utils.server.spec_schedule import as_lists
 
 VLLM_DEFAULT_VERSION = "0.33.0"
 VLLM_METHODS = {
@@ -67,6 +68,9 @@ def render_vllm(profile: Profile, python: Optional[str], host: str,
             raise ProfileError(f"{where}: vLLM drafts chains; speculative.eagle_topk must be 1 "
                                f"for engine vllm (got {spec.eagle_topk})")
         config = {"method": method, "num_speculative_tokens": spec.num_steps}
+        if spec.tokens_per_batch_size:
+            # vLLM 0.33.0's switch by load (server/spec_schedule.py has its rules).
+            config["num_speculative_tokens_per_batch_size"] = as_lists(spec.tokens_per_batch_size)
         if spec.draft_model_path:
             config["model"] = spec.draft_model_path
         elif method in ("eagle", "eagle3", "draft_model"):

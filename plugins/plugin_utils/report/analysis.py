@@ -22,6 +22,11 @@ try:
 except ImportError:  # pragma: no cover - checked by the action plugin
     pd = None
 
+from ansible_collections.servelab.serving.plugins.module_utils.server.spec_schedule import (
+    as_lists,
+    build_schedule,
+    speculation_max_batch,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
     CLIENT_LIMITED,
     EXCLUDED,
@@ -443,13 +448,11 @@ def vllm_schedule_setting(cross, record) -> str | None:
     if not config or not config.get("num_speculative_tokens"):
         return None
     k = int(config["num_speculative_tokens"])
-    keep = int(cross.bracket[0]) if cross.bracket else int(cross.concurrency or 1) - 1
-    if cross.estimate is not None:
-        keep = max(keep, int(math.floor(cross.estimate)))
-    keep = max(1, keep)
+    keep = speculation_max_batch(cross.bracket[0] if cross.bracket else None,
+                                 cross.concurrency, cross.estimate)
     top = max(max_seqs or VLLM_DEFAULT_MAX_NUM_SEQS, keep + 1)
-    schedule = dict(config, num_speculative_tokens_per_batch_size=[[1, keep, k],
-                                                                   [keep + 1, top, 0]])
+    schedule = dict(config, num_speculative_tokens_per_batch_size=as_lists(
+        build_schedule(keep, k, top)))
     text = (f" vLLM {VLLM_SCHEDULE_RELEASE} can switch {cross.profile}'s speculation off by load "
             f"(on {cross.host} it stops paying above C={keep}): --speculative-config "
             f"'{json.dumps(schedule, sort_keys=True, separators=(',', ':'))}'"

@@ -18,6 +18,8 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report import ana
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import distributions
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule_plot
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import telemetry
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import run_context
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import (
@@ -74,6 +76,8 @@ class ReportResult:
     files: dict = field(default_factory=dict)  # relative path -> bytes (not returned to Ansible)
     # part stem -> the level's GPU telemetry columns (written into levels.csv by write_report)
     telemetry: dict = field(default_factory=dict)
+    # each derived profile against its static ones (report/schedule.py)
+    derived: list = field(default_factory=list)
 
     def as_result(self) -> dict:
         """What the action returns: everything but the file bytes and the telemetry by level,
@@ -175,6 +179,7 @@ def build_report(
     if levels.empty:
         recommendation = OPEN_LOOP_ONLY
     warnings = list(run.warnings)
+    derived = schedule.analyse_derived(levels, run.manifest)
 
     comparison, comparison_note = [], ""
     if compare_to:
@@ -201,6 +206,7 @@ def build_report(
         compare_to=compare_to,
         warnings=warnings,
         rate_levels=run.rate_levels,
+        derived=derived,
     )
 
     if with_plots:
@@ -226,6 +232,7 @@ def build_report(
             "itl_cdf.png": plots.plot_cdf(series, "itl", chosen, baseline, badge),
             "rate.png": plots.plot_rate(run.rate_levels, baseline, badge),
             "gpu.png": plots.plot_gpu(levels, baseline, badge),
+            "derived.png": schedule_plot.plot_derived(derived, badge),
         }
         content.plots = {name: png for name, png in figures.items() if png}
 
@@ -254,6 +261,7 @@ def build_report(
         msg=crossover_summary(content) + "\n" + recommendation,
         files=files,
         telemetry=gpu_figures,
+        derived=schedule.derived_result(derived),
     )
 
 

@@ -41,6 +41,10 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis i
     time_scale_badge,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import RunContext, failed_records
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.schedule import (
+    derived_lines,
+    derived_rows,
+)
 
 # Plots in reading order, with their headings in the HTML.
 PLOT_TITLES = {
@@ -52,6 +56,7 @@ PLOT_TITLES = {
     "itl_cdf.png": "Inter-token latency distribution (CDF) at chosen levels",
     "gpu.png": "GPU telemetry: SM utilisation, power and tokens per joule vs concurrency",
     "rate.png": "Open loop: throughput and TTFT vs offered request rate",
+    "derived.png": "Derived profile (speculation by load) beside the static ones and their envelope",
     "comparison.png": "Change against the earlier run",
 }
 
@@ -82,6 +87,7 @@ class ReportContent:
     warnings: list = field(default_factory=list)
     plots: dict = field(default_factory=dict)  # file name -> PNG bytes
     rate_levels: pd.DataFrame | None = None  # open-loop rows, shown apart
+    derived: list = field(default_factory=list)  # report/schedule.py DerivedProfile
 
 
 def _title(name: str) -> str:
@@ -372,6 +378,10 @@ def summary_markdown(content: ReportContent) -> str:
     out += [f"- {line}" for line in lines] + [""]
     if content.notes and crossover_lines(content):
         out += [f"- {note}" for note in content.notes] + [""]
+    if content.derived:
+        out += ["## Derived profile: speculation by load", ""]
+        out += [f"- {line}" for line in derived_lines(content.derived)] + [""]
+        out += [to_markdown(Table(*derived_rows(content.derived))), ""]
     out += ["## Levels side by side", "", to_markdown(level_table(content)), ""]
     for host in hosts:
         title = "## Output tok/s per profile" + (f": {host}" if len(hosts) > 1 else "")
@@ -445,6 +455,10 @@ def report_html(content: ReportContent) -> str:
         title = PLOT_TITLES.get(name, name)
         parts.append(f"<h3>{esc(title)}</h3>"
                      f"<img alt='{esc(title)}' src='data:image/png;base64,{data}'>")
+    if content.derived:
+        parts += ["<h2>Derived profile: speculation by load</h2>",
+                  _ul(derived_lines(content.derived)),
+                  to_html(Table(*derived_rows(content.derived)))]
     parts += ["<h2>Levels side by side</h2>", to_html(level_table(content))]
     for host in hosts:
         parts += [
