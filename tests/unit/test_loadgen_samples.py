@@ -57,14 +57,14 @@ def test_open_loop_reports_achieved_rate_and_send_lateness():
 
 def test_poisson_gaps_are_exponential_and_hold_the_rate_block_by_block():
     import math
-    import mmap
+    import random
 
-    from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level as lv
-    shm = memoryview(mmap.mmap(-1, 8 * (lv.G_SLOTS + lv.C_SLOTS))).cast("q")
-    client = lv._Client(cfg("http://127.0.0.1:9", load_mode="rate", request_rate=200.0), 0, 1,
-                        [], [b"x"], shm)
-    rate, block = 200.0, lv.POISSON_BLOCK
-    gaps = [client._poisson_gap(rate) for _draw in range(block * 1000)]
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen import sender
+    rate, block = 200.0, sender.POISSON_BLOCK
+    schedule = sender.ArrivalSchedule(rate, "poisson", random.Random(1), 0)
+    for _rest_of_first_block in range(block - 1):   # its first gap set the first arrival
+        schedule.gap()
+    gaps = [schedule.gap() for _draw in range(block * 1000)]
     # Each block lasts exactly its expected length (i.i.d. draws: +-25% for 16 gaps).
     sums = [sum(gaps[i:i + block]) * rate / block for i in range(0, len(gaps), block)]
     assert max(abs(s - 1) for s in sums) < 1e-9

@@ -224,16 +224,20 @@ class StreamConnection(asyncio.BufferedProtocol):
     # ---- sending --------------------------------------------------------------------------
 
     def send(self, req: RequestTiming, wire: bytes) -> None:
+        req.t_send = _monotonic_ns()
+        self.adopt(req)
+        self.transport.write(wire)
+
+    def adopt(self, req: RequestTiming) -> None:
+        """Expect the answer to `req`, whose bytes were written at req.t_send (by send, or by
+        the open loop's sender process before it handed the socket over)."""
         self._reset()
         self.req = req
         self._state = _HEAD
         req.chunk_times = []
         req.chunk_tokens = []
-        now = _monotonic_ns()
-        req.t_send = now
-        self.last_activity = now
+        self.last_activity = req.t_send
         self.tokens_seen = 0
-        self.transport.write(wire)
 
     def abort(self, error: str) -> None:
         """Give up the request in flight (level over, stall): record `error`, close."""
@@ -775,6 +779,17 @@ class RxStampTransport:
     def abort(self) -> None:
         self._force_close(None)
 
+    def detach(self) -> socket.socket:
+        """Stop serving the socket and return it, open, without a connection_lost (the open
+        loop hands an idle connection back to its sender process)."""
+        self._closing = True
+        self._lost_scheduled = True
+        self._loop.remove_reader(self._fd)
+        if self._wbuf:
+            self._wbuf.clear()
+            self._loop.remove_writer(self._fd)
+        return self._sock
+
     def _force_close(self, exc) -> None:
         if self._lost_scheduled:
             return
@@ -845,6 +860,33 @@ async def open_connection(loop, endpoint: Endpoint, api: str, on_done, on_lost,
         rx_stats.reads += 1
     await asyncio.wait_for(connect(), timeout)
     return conn
+
+
+def adopt_socket(loop, sock: socket.socket, api: str, on_done, on_lost,
+                 rx_stats: Optional[RxStats] = None) -> StreamConnection:
+    """A StreamConnection over a connected plain-TCP socket made elsewhere (the open loop's
+    sender process, new_socket): read through RxStampTransport, with the kernel's stamps when
+    the socket has them enabled (rx_stats counts which)."""
+    conn = StreamConnection(api, on_done, on_lost)
+    RxStampTransport(loop, sock, conn, rx_stats)
+    return conn
+
+
+def new_socket(addr_family: int, rcvbuf: Optional[int], rx_timestamps: str) -> socket.socket:
+    """A non-blocking TCP socket set up as open_connection sets up its own (receive buffer
+    before the connect; no Nagle; kernel receive stamps for `rx_timestamps: kernel`)."""
+    sock = socket.socket(addr_family, socket.SOCK_STREAM)
+    try:
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(rcvbuf))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if rx_timestamps == RX_KERNEL and kernel_stamps_possible():
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _enable_stamps(sock: socket.socket) -> bool:

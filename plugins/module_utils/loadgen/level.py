@@ -44,6 +44,8 @@ import mmap
 import multiprocessing
 import os
 import random
+import socket
+import struct
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -51,11 +53,16 @@ from typing import Dict, List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import LevelCpu, usable_cpus
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
-    APIS, RX_KERNEL, RX_MODES, RX_USER, Endpoint, RxStats, http_get, open_connection, request_body,
+    APIS, RX_KERNEL, RX_MODES, RX_USER, Endpoint, RxStats, adopt_socket, http_get, new_socket,
+    open_connection, request_body,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     CANCELLED_PREFIX, LevelPart, LevelRow, NS_PER_S, RequestTiming, batch_means_ci95, level_row,
     percentile, reduce_requests, request_row,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.sender import (
+    BACK, CLOSED, FAILED, PRIORITY, PRIORITY_REALTIME, SENT, ArrivalSchedule, Sender,
+    receive_message, send_message, sender_process,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.server_metrics import (
     MetricsSampler, window_figures,
@@ -80,8 +87,11 @@ READ_MIN, READ_MAX = 4096, 65536
 TICK_S = 0.010                   # client tick: lag sample, stop check, stall check
 CONTROL_S = 0.010                # controller poll interval
 ERROR_BACKOFF_S = 0.1            # a worker whose request failed waits this long (no hot loop)
-ARRIVAL_SPIN_S = 0.00105         # open loop: the last stretch before an arrival is polled
-POISSON_BLOCK = 16               # open loop: gaps drawn stratified in blocks of this many
+ARRIVAL_SPIN_S = 0.00105         # open loop in the loop (TLS): the last stretch is polled
+LATENESS_NOTE_MS = 1.0           # open loop: a send lateness p99 from here on is warned about
+SENDER_EXIT_S = 2.0              # open loop: the sender process ends within this of the stop
+_TIMES_AT = 1                    # sender messages: the kind byte, then (t_sched, t_send)
+_SENDER_TIMES = struct.Struct("qq")
 
 STOP_NONE, STOP_DONE, STOP_TIMEOUT, STOP_FAILING, STOP_ABORT = 0, 1, 2, 3, 4
 STOP_REASONS = {STOP_DONE: STOP_WINDOW_COMPLETE, STOP_TIMEOUT: STOP_LEVEL_TIMEOUT,
@@ -251,8 +261,11 @@ class _Client:
         self.idle: List = []
         self.conns = 0
         self.backlog: List[int] = []
-        self.next_arrival = 0
-        self.gaps: List[float] = []         # the Poisson block still to send (_poisson_gap)
+        self.schedule: Optional[ArrivalSchedule] = None
+        self.ctrl: Optional[socket.socket] = None   # the pair to the sender process
+        self.sender_pid = 0
+        self.sender_priority: Optional[str] = None
+        self.sender_error: Optional[str] = None
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -352,6 +365,8 @@ class _Client:
             w.conn = None
             if not self.stopping and not w.connecting:
                 self.loop.call_soon(self._reconnect, w)
+        elif w == "sender":
+            self._tell_sender(CLOSED)
         elif w == "pool":
             if conn in self.idle:
                 self.idle.remove(conn)
@@ -395,39 +410,123 @@ class _Client:
 
     # -- open loop --------------------------------------------------------------------------
 
-    def _schedule_first_arrival(self):
+    def _arrival_schedule(self) -> ArrivalSchedule:
+        """This process's share of the arrivals: rate/processes, constant streams interleaved
+        evenly, Poisson streams each from the level's start."""
         cfg = self.cfg
-        rate = float(cfg.request_rate) / self.nproc
-        t0 = self.shm[G_T0]
+        first = self.shm[G_T0]
         if cfg.arrival == "constant":
-            # Interleave the processes' constant streams evenly.
-            self.next_arrival = t0 + int(NS_PER_S / float(cfg.request_rate) * self.index)
-        else:
-            self.next_arrival = t0 + int(self._poisson_gap(rate) * NS_PER_S)
-        self._arm_arrival()
+            first += int(NS_PER_S / float(cfg.request_rate) * self.index)
+        return ArrivalSchedule(float(cfg.request_rate) / self.nproc, cfg.arrival, self.rng,
+                               first)
 
-    def _poisson_gap(self, rate: float) -> float:
-        """The next exponential inter-arrival gap. Gaps are drawn in blocks of POISSON_BLOCK, one
-        from each of the block's equal-probability strata of the exponential distribution, in a
-        shuffled order, and scaled so that the block lasts exactly POISSON_BLOCK/rate: each gap
-        is (very nearly) exponential with mean 1/rate, as i.i.d. draws are, and the bursts within
-        a block are Poisson's, but the offered rate over any window longer than a few blocks is
-        the rate asked for (i.i.d. draws miss it by 1/sqrt(N): 3% over 1000 arrivals)."""
-        if not self.gaps:
-            k = POISSON_BLOCK
-            rng = self.rng
-            gaps = [-math.log(1.0 - (i + rng.random()) / k) for i in range(k)]
-            scale = k / rate / sum(gaps)
-            self.gaps = [g * scale for g in gaps]
-            rng.shuffle(self.gaps)
-        return self.gaps.pop()
+    def _uses_sender(self) -> bool:
+        """Open loop sends from a sender process (sender.py) over plain TCP; a TLS session
+        cannot be handed between processes, so TLS arrivals are sent from this loop."""
+        return self.cfg.load_mode == "rate" and not self.endpoint.tls and hasattr(os, "fork")
+
+    # The sender process (sender.py): it sends, this loop reads.
+
+    def _start_sender(self):
+        cfg, shm = self.cfg, self.shm
+        infos = socket.getaddrinfo(self.endpoint.host, self.endpoint.port,
+                                   type=socket.SOCK_STREAM)
+        family, addr = infos[0][0], infos[0][4]
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        schedule = self._arrival_schedule()
+        wires, order = self.wires, self.order
+
+        def build() -> Sender:
+            return Sender(theirs, schedule, self._cap(),
+                          lambda: new_socket(family, cfg.socket_rcvbuf, cfg.rx_timestamps),
+                          addr, lambda i: wires[order[i % len(order)]],
+                          lambda: shm[G_STOP] != 0, cfg.connect_timeout)
+        pid = os.fork()
+        if pid == 0:        # pragma: no cover - the child never returns (sender_process exits)
+            mine.close()
+            sender_process(theirs, build)
+        theirs.close()
+        mine.setblocking(False)
+        self.ctrl, self.sender_pid = mine, pid
+        self.loop.add_reader(mine.fileno(), self._from_sender)
+
+    def _from_sender(self):
+        while True:
+            try:
+                message, fds = receive_message(self.ctrl)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                self.loop.remove_reader(self.ctrl.fileno())
+                if not self.stopping and not self.shm[G_STOP]:   # it ends when it sees the stop
+                    self.sender_error = "the open-loop sender process ended before the level did"
+                    self.shm[G_STOP] = self.shm[G_STOP] or STOP_ABORT
+                return
+            kind = message[:1]
+            if kind == PRIORITY:
+                self.sender_priority = message[1:].decode()
+                continue
+            t_sched, t_send = _SENDER_TIMES.unpack_from(message, _TIMES_AT)
+            req = self._new_request(-1)
+            req.t_sched, req.t_send = t_sched, t_send
+            if kind == SENT and fds:
+                self._adopt(socket.socket(fileno=fds[0]), req)
+            elif kind == FAILED:
+                req.error = message[_TIMES_AT + _SENDER_TIMES.size:].decode("utf-8", "replace")
+                self._classify(req)
+                self._record(req, False)
+
+    def _adopt(self, sock: socket.socket, req: RequestTiming):
+        """A request the sender wrote on `sock`: read its answer here."""
+        conn = adopt_socket(self.loop, sock, self.cfg.api, self._on_done_open, self._on_lost,
+                            self.rx_stats)
+        conn.owner_data = "sender"
+        conn.read_size = self.read_size
+        self.inflight.add(conn)
+        conn.adopt(req)
+        self._classify(req)
+        if self.stopping:   # sent after the stop, before the sender saw it: a tail request
+            conn.abort(CANCELLED_PREFIX + " level over (tail request)")
+
+    def _tell_sender(self, message: bytes, sock: Optional[socket.socket] = None):
+        if self.ctrl is None or self.ctrl.fileno() < 0:
+            return
+        try:
+            send_message(self.ctrl, message, None if sock is None else sock.fileno())
+        except OSError:
+            pass        # the sender has ended (the level is over): nothing to hand back
+
+    def _stop_sender(self):
+        if self.ctrl is not None:
+            self.ctrl.close()
+        if not self.sender_pid:
+            return
+        deadline = time.monotonic() + SENDER_EXIT_S
+        while True:
+            pid, _status = os.waitpid(self.sender_pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                os.kill(self.sender_pid, 9)
+                os.waitpid(self.sender_pid, 0)
+                break
+            time.sleep(0.005)
+        self.sender_pid = 0
+
+    # Arrivals from this loop (TLS).
+
+    def _schedule_first_arrival(self):
+        self.schedule = self._arrival_schedule()
+        self._arm_arrival()
 
     def _arm_arrival(self):
         """Wake for the next arrival. epoll rounds a timeout up to the next millisecond, so a
         timer alone sends up to 1 ms late: the timer is set ARRIVAL_SPIN_S early, and the last
         stretch is covered by re-queueing _arrive on every loop iteration (each one still serves
         the sockets, with a zero poll timeout), so the send is late by one iteration at most."""
-        delay = (self.next_arrival - time.monotonic_ns()) / NS_PER_S
+        delay = (self.schedule.next_ns - time.monotonic_ns()) / NS_PER_S
         if delay > ARRIVAL_SPIN_S:
             self.loop.call_later(delay - ARRIVAL_SPIN_S, self._arrive)
         else:
@@ -436,14 +535,10 @@ class _Client:
     def _arrive(self):
         if self.stopping:
             return
-        cfg = self.cfg
         now = time.monotonic_ns()
-        rate = float(cfg.request_rate) / self.nproc
         # Fire every arrival that is due (timers can be late; the schedule is not).
-        while self.next_arrival <= now:
-            self._dispatch(self.next_arrival)
-            gap = (1.0 / rate) if cfg.arrival == "constant" else self._poisson_gap(rate)
-            self.next_arrival += int(gap * NS_PER_S)
+        while self.schedule.next_ns <= now:
+            self._dispatch(self.schedule.advance())
         self._arm_arrival()
 
     def _cap(self) -> int:
@@ -491,6 +586,15 @@ class _Client:
     def _on_done_open(self, conn, req: RequestTiming):
         self.inflight.discard(conn)
         self._record(req, False)
+        if conn.owner_data == "sender":
+            if (not self.stopping and req.error is None and conn.reusable
+                    and not conn.closed):
+                sock = conn.transport.detach()
+                self._tell_sender(BACK, sock)      # idle again: the sender's to use
+                sock.close()
+            elif not conn.closed:
+                conn.transport.close()          # _on_lost tells the sender the slot is free
+            return
         if self.stopping:
             return
         if req.error is not None or not conn.reusable or conn.closed:
@@ -569,7 +673,9 @@ class _Client:
         asyncio.set_event_loop(loop)
         self.loop = loop
         self.cpu_start = time.process_time_ns()
-        if self.cfg.load_mode == "rate":
+        if self._uses_sender():
+            loop.call_soon(self._start_sender)
+        elif self.cfg.load_mode == "rate":
             loop.call_soon(self._schedule_first_arrival)
         else:
             # Staggered starts: C workers that start together stay in lockstep when requests
@@ -589,6 +695,9 @@ class _Client:
             if tasks:
                 loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
+            self._stop_sender()
+        if self.sender_error:
+            raise LoadgenError(self.sender_error)
         ws, we = self.shm[G_WS], self.shm[G_WE]
         self._reconcile(ws, we)
         part = reduce_requests(self.records, ws, we if we > ws else 0, self.cfg.ci_batches,
@@ -610,6 +719,7 @@ class _Client:
             "lag_p99_s": percentile(lag, 99) if lag else None,
             "lag_max_s": self.lag_max,
             "rx_reads": self.rx_stats.reads, "rx_kernel_reads": self.rx_stats.kernel_reads,
+            "sender_priority": self.sender_priority,
         }
 
 
@@ -861,6 +971,14 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             "C=%d: latency percentiles from %d window requests, fewer than min_latency_samples "
             "(%d): raise level_timeout (the window closed at half of it)" % (
                 c, row.latency_samples, row.min_latency_samples))
+    priorities = sorted({r.get("sender_priority") or "-" for r in results.values()})
+    late = row.send_lateness_p99_ms
+    if late is not None and late >= LATENESS_NOTE_MS:
+        warnings.append(
+            "C=%d: send lateness p99 %.2f ms (arrival sender priority: %s)%s" % (
+                c, late, ", ".join(priorities),
+                "" if priorities == [PRIORITY_REALTIME] else ": real-time priority (root or "
+                "CAP_SYS_NICE) lets it send on time on a busy machine"))
     if row.client_limited:
         warnings.append(
             "C=%d: client-limited (client CPU %.0f%% of a core, loop lag p99 %s ms): add client "
