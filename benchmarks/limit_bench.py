@@ -529,53 +529,112 @@ def bench_drain(args, acct, out, failures) -> None:
 # 6. Open loop
 
 
+def open_figures(res, by_id) -> dict:
+    """One open-loop level's figures against the truth (section 6)."""
+    row = res.row
+    ws, we = row.window_start_ns, row.window_end_ns
+    w = (we - ws) / 1e9 if we > ws else None
+    inside = [r for r in res.requests if r["in_window"]]
+    sched = [r["t_send"] - int(round(r["queue_ms"] * 1e6)) for r in res.requests
+             if r.get("queue_ms") is not None]
+    late = [r["queue_ms"] for r in inside if r.get("queue_ms") is not None]
+    tlate, read = [], []
+    for r in inside:
+        rec = by_id.get(r.get("server_id"))
+        if rec is not None and r.get("queue_ms") is not None:
+            tlate.append((rec["t_recv_ns"] - (r["t_send"] - r["queue_ms"] * 1e6)) / 1e6)
+            read.append((rec["t_recv_ns"] - r["t_send"]) / 1e6)
+    # Arrivals that found `cap` requests in flight waited for one to finish: lateness by the
+    # rules (queue time), but the server's pace, not the sender's.
+    spans = sorted((r["t_send"], r["t_send"] + int((r.get("e2e_ms") or 0) * 1e6))
+                   for r in res.requests)
+    capped = 0
+    for r in inside:
+        if r.get("queue_ms") is None:
+            continue
+        t_sched = r["t_send"] - r["queue_ms"] * 1e6
+        busy = sum(1 for a, b in spans if a <= t_sched < b)
+        capped += busy >= row.concurrency
+    return {"w": w, "rows_rate": len(inside) / w if w else None, "capped": capped,
+            "truth_rate": (sum(1 for rec in by_id.values() if ws <= rec["t_recv_ns"] < we) / w)
+            if w else None,
+            "sched_rate": (sum(1 for t in sched if ws <= t < we) / w) if w else None,
+            "late": late, "tlate": tlate, "read": read,
+            "over": sum(1 for v in late if v >= TARGET_LATENESS_P99_MS),
+            "tover": sum(1 for v in tlate if v >= TARGET_LATENESS_P99_MS)}
+
+
+def cpu_pressure() -> Optional[float]:
+    """/proc/pressure/cpu 'some' avg10: the share of the last 10 s in which a runnable task
+    waited for a CPU (the machine's contention, shown beside each run)."""
+    try:
+        with open("/proc/pressure/cpu") as fh:
+            return float(fh.readline().split()[1].split("=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def server_priority(sim: ServerProcess, wanted: str) -> str:
+    """--server-priority realtime: the simulator at SCHED_FIFO 1, so that its truth t_recv is
+    when the request reached it rather than when a busy machine let it run (the truth of the
+    client's send, not of the machine's contention). What it got."""
+    if wanted != "realtime":
+        return "normal"
+    try:
+        os.sched_setscheduler(sim.pid, os.SCHED_FIFO, os.sched_param(1))
+        return "realtime"
+    except (AttributeError, OSError) as exc:
+        return "normal (%s)" % exc
+
+
 def bench_open(args, acct, out, failures) -> None:
     sim = fixed_sim(args, "open")
+    args.server_priority_got = server_priority(sim, args.server_priority)
     results = []
     try:
-        for arrival in args.arrivals:
-            res = run(acct, "6. rate %g %s" % (RATE, arrival), sim, sim.url, RATE_CAP,
-                      args.open_seconds, args.open_osl, args.isl, failures, load_mode="rate",
-                      request_rate=RATE, arrival=arrival)
-            if res is not None:
-                results.append((arrival, res))
-                print("  6. open loop %s: %d window requests" % (arrival, res.row.requests),
-                      flush=True)
+        for run_no in range(1, args.open_runs + 1):
+            for arrival in args.arrivals:
+                pressure = cpu_pressure()
+                res = run(acct, "6. rate %g %s #%d" % (RATE, arrival, run_no), sim, sim.url,
+                          RATE_CAP, args.open_seconds, args.open_osl, args.isl, failures,
+                          load_mode="rate", request_rate=RATE, arrival=arrival)
+                if res is not None:
+                    results.append((run_no, arrival, pressure, res))
+                    print("  6. open loop %s #%d: %d window requests, send lateness p99 %s ms"
+                          % (arrival, run_no, res.row.requests,
+                             gs(res.row, "send_lateness_p99_ms", "%.3f")), flush=True)
     finally:
         sim.stop()
     truth = sim.truth_records()
     by_id = {rec["id"]: rec for rec in truth}
     out.append("### 6. Open loop: %g request/s, cap C=%d, OSL %d (about %.0f in flight), window "
-               "%.0f s\n" % (RATE, RATE_CAP, args.open_osl,
-                             RATE * (TTFT_MS + STEP_MS * (args.open_osl - 1)) / 1000,
-                             args.open_seconds))
+               "%.0f s, %d run(s) per arrival process, the server at %s priority\n"
+               % (RATE, RATE_CAP, args.open_osl,
+                  RATE * (TTFT_MS + STEP_MS * (args.open_osl - 1)) / 1000, args.open_seconds,
+                  args.open_runs, args.server_priority_got))
     out.append("Achieved rate: requests sent in the window / window (row; request rows), requests "
                "the server received in the window / window (truth); schedule = arrivals due in "
                "the window / window (Poisson draws differ from %g by about +-%.1f %% at 95 %% "
-               "over this window: the schedule shows whether the client sent what it drew). Lateness: "
-               "t_send - t_sched (client), t_recv - t_sched (truth).\n"
+               "over this window: the schedule shows whether the client sent what it drew). "
+               "Lateness: t_send - t_sched (client), t_recv - t_sched (truth: until the server "
+               "had read the request); server read = t_recv - t_send, the truth's part after "
+               "the client's send (loopback and the server's own loop). >= 1 ms: window "
+               "requests at or over 1 ms (client / truth); capped: window arrivals that found "
+               "the cap (C) in flight and so waited for a request to finish. CPU pressure: /proc/pressure/cpu "
+               "'some' avg10 before the level (%% of time a runnable task waited for a CPU). "
+               "Sender: the priority the arrival sender process got.\n"
                % (RATE, 196 / (RATE * args.open_seconds) ** 0.5))
-    out.append("| arrival | window s | row arrival_rate_s | rows rate | truth rate | schedule "
-               "rate | truth err % vs 200 | truth err % vs schedule | rate verdict (1 %) "
-               "| row lateness p50 / p99 ms | rows p50 / p99 ms | truth p50 / p99 ms "
-               "| lateness verdict (p99 < 1 ms) |")
-    out.append("|" + "---|" * 13)
-    for arrival, res in results:
+    out.append("| arrival | run | CPU pressure % | sender | window s | row arrival_rate_s "
+               "| rows rate | truth rate | schedule rate | truth err % vs 200 "
+               "| truth err % vs schedule | rate verdict (1 %) | row lateness p50 / p99 ms "
+               "| rows p50 / p99 ms | truth p50 / p99 ms | server read p50 / p99 ms | >= 1 ms "
+               "| capped | lateness verdict (p99 < 1 ms) |")
+    out.append("|" + "---|" * 19)
+    summary = {}
+    for run_no, arrival, pressure, res in results:
         row = res.row
-        ws, we = row.window_start_ns, row.window_end_ns
-        w = (we - ws) / 1e9 if we > ws else None
-        inside = [r for r in res.requests if r["in_window"]]
-        sched = [r["t_send"] - int(round(r["queue_ms"] * 1e6)) for r in res.requests
-                 if r.get("queue_ms") is not None]
-        rows_rate = len(inside) / w if w else None
-        truth_rate = (sum(1 for rec in truth if ws <= rec["t_recv_ns"] < we) / w) if w else None
-        sched_rate = (sum(1 for t in sched if ws <= t < we) / w) if w else None
-        late = [r["queue_ms"] for r in inside if r.get("queue_ms") is not None]
-        tlate = []
-        for r in inside:
-            rec = by_id.get(r.get("server_id"))
-            if rec is not None and r.get("queue_ms") is not None:
-                tlate.append((rec["t_recv_ns"] - (r["t_send"] - r["queue_ms"] * 1e6)) / 1e6)
+        f = open_figures(res, by_id)
+        w, truth_rate, sched_rate = f["w"], f["truth_rate"], f["sched_rate"]
         achieved = g(row, "arrival_rate_s")
         e200 = err(truth_rate, RATE)
         esched = err(truth_rate, sched_rate)
@@ -596,16 +655,41 @@ def bench_open(args, acct, out, failures) -> None:
         bad = []
         if row_p99 is None or row_p99 >= TARGET_LATENESS_P99_MS:
             bad.append("row" if row_p99 is not None else "row (not filled)")
-        if not tlate or p99(tlate) >= TARGET_LATENESS_P99_MS:
+        truth_p99 = p99(f["tlate"])
+        if truth_p99 is None or truth_p99 >= TARGET_LATENESS_P99_MS:
             bad.append("truth")
-        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s | %s / %s "
-                   "| %s |"
-                   % (arrival, fmt(w, "%.1f"), fmt(achieved), fmt(rows_rate), fmt(truth_rate),
+        summary.setdefault(arrival, []).append((row_p99, truth_p99, p99(f["read"]), pressure))
+        out.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s "
+                   "| %s / %s | %s / %s | %s / %s | %d / %d | %d | %s |"
+                   % (arrival, run_no, fmt(pressure, "%.0f"), getattr(res, "sender_priority", None) or "-",
+                      fmt(w, "%.1f"), fmt(achieved), fmt(f["rows_rate"]), fmt(truth_rate),
                       fmt(sched_rate), fmt(e200, "%+.2f"), fmt(esched, "%+.2f"), rate_verdict,
                       gs(row, "send_lateness_p50_ms", "%.3f"),
-                      gs(row, "send_lateness_p99_ms", "%.3f"), fmt(p50(late), "%.3f"),
-                      fmt(p99(late), "%.3f"), fmt(p50(tlate), "%.3f"), fmt(p99(tlate), "%.3f"),
+                      gs(row, "send_lateness_p99_ms", "%.3f"), fmt(p50(f["late"]), "%.3f"),
+                      fmt(p99(f["late"]), "%.3f"), fmt(p50(f["tlate"]), "%.3f"),
+                      fmt(truth_p99, "%.3f"), fmt(p50(f["read"]), "%.3f"),
+                      fmt(p99(f["read"]), "%.3f"), f["over"], f["tover"], f["capped"],
                       "ok" if not bad else "MISS " + ", ".join(bad)))
+    out.append("")
+    out.append("Send lateness p99 across the runs (ms): min / median / max, and the runs under "
+               "1 ms.\n")
+    out.append("| arrival | runs | row p99 min / median / max | row p99 < 1 ms | truth p99 "
+               "min / median / max | truth p99 < 1 ms | server read p99 min / median / max "
+               "| CPU pressure % min / max |")
+    out.append("|" + "---|" * 8)
+    for arrival, figs in summary.items():
+        def spread(i, spec="%.3f"):
+            vals = sorted(v[i] for v in figs if v[i] is not None)
+            if not vals:
+                return "-"
+            return " / ".join(spec % v for v in (vals[0], p50(vals), vals[-1]))
+
+        def under(i):
+            return sum(1 for v in figs if v[i] is not None and v[i] < TARGET_LATENESS_P99_MS)
+        press = [v[3] for v in figs if v[3] is not None]
+        out.append("| %s | %d | %s | %d of %d | %s | %d of %d | %s | %s |" % (
+            arrival, len(figs), spread(0), under(0), len(figs), spread(1), under(1), len(figs),
+            spread(2), "%.0f / %.0f" % (min(press), max(press)) if press else "-"))
     out.append("")
 
 
@@ -637,6 +721,17 @@ def main(argv=None) -> int:
     ap.add_argument("--firehose-tokens", type=int, default=2000)
     ap.add_argument("--tmp", default="/tmp/servelab-limit-bench")
     ap.add_argument("--only", choices=["ttft", "firehose", "samples", "drain", "open"])
+    ap.add_argument("--open-runs", type=int, default=1,
+                    help="section 6: runs per arrival process (the lateness tail is noisy on a "
+                         "shared machine: the summary gives min / median / max over the runs)")
+    ap.add_argument("--arrivals", default="poisson,constant",
+                    help="section 6: arrival processes, comma-separated")
+    ap.add_argument("--server-priority", choices=["normal", "realtime"], default="normal",
+                    help="section 6: the simulator's scheduling priority (realtime: SCHED_FIFO, "
+                         "needs root; its truth t_recv then shows the client's send, not the "
+                         "machine's contention)")
+    ap.add_argument("--open-seconds", type=float, default=None,
+                    help="section 6: window per level (default 30, --quick 5)")
     args = ap.parse_args(argv)
     every = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     args.levels = list(every)
@@ -644,14 +739,16 @@ def main(argv=None) -> int:
     args.min_samples = None              # section 1: min_latency_samples at its default
     args.samples_seconds, args.samples_osl = 2.0, 32
     args.drain_levels, args.drain_osl, args.drain_seconds = [16, 64], 64, 5.0
-    args.arrivals, args.open_osl, args.open_seconds = ["poisson", "constant"], 64, 30.0
+    args.arrivals = [a for a in args.arrivals.split(",") if a]
+    args.open_osl, open_seconds = 64, args.open_seconds or 30.0
     if args.quick:
         args.levels = [4, 64, 256]
         args.firehose_levels = [1, 16, 256]
         args.seconds = min(args.seconds, 3.0)
         args.min_samples = 0             # a smoke run: no waiting for 30 samples at low C
         args.drain_seconds = 2.0
-        args.open_seconds = 5.0
+        open_seconds = args.open_seconds or 5.0
+    args.open_seconds = open_seconds
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     os.makedirs(args.tmp, exist_ok=True)

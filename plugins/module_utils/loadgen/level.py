@@ -206,6 +206,7 @@ class LevelResult:
     row: LevelRow
     requests: List[dict]
     warnings: List[str] = field(default_factory=list)
+    sender_priority: Optional[str] = None   # open loop: what the arrival sender ran at
 
     def row_dict(self) -> dict:
         return asdict(self.row)
@@ -990,7 +991,8 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             r.update(host=cfg.host_label, profile=cfg.profile, concurrency=c)
             rows.append(r)
     rows.sort(key=lambda r: r["t_send"])
-    return LevelResult(row=row, requests=rows, warnings=warnings)
+    return LevelResult(row=row, requests=rows, warnings=warnings,
+                       sender_priority=", ".join(p for p in priorities if p != "-") or None)
 
 
 def _both(first, second):
