@@ -170,3 +170,31 @@ def test_detached_transport_leaves_the_socket_open_without_connection_lost():
         a.close()
         b.close()
         loop.close()
+
+
+def test_outbox_never_waits_for_a_client_that_does_not_read():
+    """The pair takes what its send buffer holds (a few hundred unread messages): the rest wait
+    in the outbox, sockets open, and go in order once the other end reads."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    outbox = sd.Outbox(mine)
+    count = 400                 # more than the 278 the default send buffer holds
+    handed = [socket.socket() for _i in range(count)]
+    try:
+        for i, sock in enumerate(handed):
+            outbox.put(sd.SENT + b"%d" % i, sock)     # returns at once, however many
+        assert outbox.queue                           # more than the pair would take
+        got = []
+        while len(got) < count:
+            try:
+                message, fds = sd.receive_message(theirs)
+            except BlockingIOError:
+                outbox.flush()
+                continue
+            got.append(message)
+            for fd in fds:
+                socket.socket(fileno=fd).close()
+        assert got == [sd.SENT + b"%d" % i for i in range(count)] and not outbox.queue
+        assert all(s.fileno() == -1 for s in handed)    # closed once handed over
+    finally:
+        for s in handed + [mine, theirs]:
+            s.close()

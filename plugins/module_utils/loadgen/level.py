@@ -6,6 +6,9 @@ Load modes
   Worker starts are spread over `ramp_seconds` (workers that start together stay in lockstep).
 - rate (open loop): arrivals at `request_rate` per second, Poisson or constant, each sent on a
   free connection; at most `concurrency` in flight, later arrivals wait (their queue time is kept).
+  Each client process's arrivals are sent by its own sender process (sender.py: it only sends, at
+  real-time priority where allowed, and hands each socket to this process's loop, which reads
+  the answer); TLS arrivals are sent from the loop itself.
 
 The level, on the client's monotonic clock:
   start ── warmup ── ws ══════ window ══════ we ── tail ── stop
@@ -61,8 +64,8 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics i
     percentile, reduce_requests, request_row,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.sender import (
-    BACK, CLOSED, FAILED, PRIORITY, PRIORITY_REALTIME, SENT, ArrivalSchedule, Sender,
-    receive_message, send_message, sender_process,
+    BACK, CLOSED, FAILED, PRIORITY, PRIORITY_REALTIME, SENT, ArrivalSchedule, Outbox, Sender,
+    receive_message, sender_process,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.server_metrics import (
     MetricsSampler, window_figures,
@@ -264,6 +267,7 @@ class _Client:
         self.backlog: List[int] = []
         self.schedule: Optional[ArrivalSchedule] = None
         self.ctrl: Optional[socket.socket] = None   # the pair to the sender process
+        self.outbox: Optional[Outbox] = None
         self.sender_pid = 0
         self.sender_priority: Optional[str] = None
         self.sender_error: Optional[str] = None
@@ -447,8 +451,7 @@ class _Client:
             mine.close()
             sender_process(theirs, build)
         theirs.close()
-        mine.setblocking(False)
-        self.ctrl, self.sender_pid = mine, pid
+        self.ctrl, self.outbox, self.sender_pid = mine, Outbox(mine), pid
         self.loop.add_reader(mine.fileno(), self._from_sender)
 
     def _from_sender(self):
@@ -492,14 +495,33 @@ class _Client:
             conn.abort(CANCELLED_PREFIX + " level over (tail request)")
 
     def _tell_sender(self, message: bytes, sock: Optional[socket.socket] = None):
-        if self.ctrl is None or self.ctrl.fileno() < 0:
+        """To the sender, with `sock` handed over (and closed here) if given; what the pair
+        cannot take now goes when it is writable (sender.Outbox)."""
+        outbox = self.outbox
+        if outbox is None or self.ctrl.fileno() < 0:
+            if sock is not None:
+                sock.close()
             return
+        was_waiting = bool(outbox.queue)
         try:
-            send_message(self.ctrl, message, None if sock is None else sock.fileno())
+            outbox.put(message, sock)
+        except OSError:     # the sender has ended (the level is over): nothing to hand back
+            outbox.drop()
+            return
+        if outbox.queue and not was_waiting:
+            self.loop.add_writer(self.ctrl.fileno(), self._flush_sender)
+
+    def _flush_sender(self):
+        try:
+            self.outbox.flush()
         except OSError:
-            pass        # the sender has ended (the level is over): nothing to hand back
+            self.outbox.drop()
+        if not self.outbox.queue:
+            self.loop.remove_writer(self.ctrl.fileno())
 
     def _stop_sender(self):
+        if self.outbox is not None:
+            self.outbox.drop()
         if self.ctrl is not None:
             self.ctrl.close()
         if not self.sender_pid:
@@ -590,9 +612,7 @@ class _Client:
         if conn.owner_data == "sender":
             if (not self.stopping and req.error is None and conn.reusable
                     and not conn.closed):
-                sock = conn.transport.detach()
-                self._tell_sender(BACK, sock)      # idle again: the sender's to use
-                sock.close()
+                self._tell_sender(BACK, conn.transport.detach())   # idle: the sender's again
             elif not conn.closed:
                 conn.transport.close()          # _on_lost tells the sender the slot is free
             return
