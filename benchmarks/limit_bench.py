@@ -32,12 +32,20 @@ asserts, figures and a verdict per target (ok / MISS):
 6. Open loop: load_mode rate, 200 request/s, Poisson (and constant, for a noise-free check), C
    cap 256: achieved arrival rate (row.arrival_rate_s, the request rows, and the truth: requests
    the server received in the window / window) within 1 % of 200; send lateness p50/p99 from the
-   row, the request rows (t_send - t_sched) and the truth (t_recv - t_sched). Target p99 < 1 ms.
+   row, the request rows (t_send - t_sched) and the truth (t_recv - t_sched), and the truth's
+   part after the send (server read = t_recv - t_send: loopback and the server's own loop), the
+   requests at or over 1 ms, the arrivals that found the cap in flight, the CPU pressure
+   (/proc/pressure/cpu) before each level and the sender process's priority. Target p99 < 1 ms.
+   `--open-runs N` repeats each level N times and adds the p99s' min / median / max (the tail on
+   a shared machine moves from run to run); `--server-priority realtime` runs the simulator at
+   SCHED_FIFO so that its t_recv is when the request reached it, not when a busy machine let it
+   run.
 
 Row fields other work is adding (rx_timestamps, latency samples, module/Ansible/host CPU, drain,
 open-loop rate and lateness) are read with getattr and shown as "-" until they are filled.
 
 Usage: python3 benchmarks/limit_bench.py [--quick] [--cpus 0,1] [--write-md [PATH]]
+       [--only SECTION] [--open-runs N] [--arrivals poisson,constant] [--server-priority P]
 --quick: fewer levels (C = 4, 64, 256 and 1, 16, 256), 3 s windows and no 30-sample minimum in
 section 1 (a smoke run, about 2 minutes); the full run takes about 10-12 minutes;
 --cpus: pin the simulator and the clients to those CPUs (a 2-core machine on a bigger one);
