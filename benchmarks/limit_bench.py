@@ -572,6 +572,19 @@ def open_figures(res, by_id) -> dict:
             "tover": sum(1 for v in tlate if v >= TARGET_LATENESS_P99_MS)}
 
 
+def spread(figs, i: int, spec: str = "%.3f") -> str:
+    """min / median / max of the i-th figure over the runs."""
+    vals = sorted(v[i] for v in figs if v[i] is not None)
+    if not vals:
+        return "-"
+    return " / ".join(spec % v for v in (vals[0], p50(vals), vals[-1]))
+
+
+def under(figs, i: int) -> int:
+    """Runs whose i-th figure (a p99) is under the 1 ms target."""
+    return sum(1 for v in figs if v[i] is not None and v[i] < TARGET_LATENESS_P99_MS)
+
+
 def cpu_pressure() -> Optional[float]:
     """/proc/pressure/cpu 'some' avg10: the share of the last 10 s in which a runnable task
     waited for a CPU (the machine's contention, shown beside each run)."""
@@ -628,7 +641,8 @@ def bench_open(args, acct, out, failures) -> None:
                "had read the request); server read = t_recv - t_send, the truth's part after "
                "the client's send (loopback and the server's own loop). >= 1 ms: window "
                "requests at or over 1 ms (client / truth); capped: window arrivals that found "
-               "the cap (C) in flight and so waited for a request to finish. CPU pressure: /proc/pressure/cpu "
+               "the cap (C) in flight and so waited for a request to finish. CPU pressure: "
+               "/proc/pressure/cpu "
                "'some' avg10 before the level (%% of time a runnable task waited for a CPU). "
                "Sender: the priority the arrival sender process got.\n"
                % (RATE, 196 / (RATE * args.open_seconds) ** 0.5))
@@ -669,7 +683,8 @@ def bench_open(args, acct, out, failures) -> None:
         summary.setdefault(arrival, []).append((row_p99, truth_p99, p99(f["read"]), pressure))
         out.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s "
                    "| %s / %s | %s / %s | %s / %s | %d / %d | %d | %s |"
-                   % (arrival, run_no, fmt(pressure, "%.0f"), getattr(res, "sender_priority", None) or "-",
+                   % (arrival, run_no, fmt(pressure, "%.0f"),
+                      getattr(res, "sender_priority", None) or "-",
                       fmt(w, "%.1f"), fmt(achieved), fmt(f["rows_rate"]), fmt(truth_rate),
                       fmt(sched_rate), fmt(e200, "%+.2f"), fmt(esched, "%+.2f"), rate_verdict,
                       gs(row, "send_lateness_p50_ms", "%.3f"),
@@ -686,18 +701,11 @@ def bench_open(args, acct, out, failures) -> None:
                "| CPU pressure % min / max |")
     out.append("|" + "---|" * 8)
     for arrival, figs in summary.items():
-        def spread(i, spec="%.3f"):
-            vals = sorted(v[i] for v in figs if v[i] is not None)
-            if not vals:
-                return "-"
-            return " / ".join(spec % v for v in (vals[0], p50(vals), vals[-1]))
-
-        def under(i):
-            return sum(1 for v in figs if v[i] is not None and v[i] < TARGET_LATENESS_P99_MS)
         press = [v[3] for v in figs if v[3] is not None]
         out.append("| %s | %d | %s | %d of %d | %s | %d of %d | %s | %s |" % (
-            arrival, len(figs), spread(0), under(0), len(figs), spread(1), under(1), len(figs),
-            spread(2), "%.0f / %.0f" % (min(press), max(press)) if press else "-"))
+            arrival, len(figs), spread(figs, 0), under(figs, 0), len(figs), spread(figs, 1),
+            under(figs, 1), len(figs), spread(figs, 2),
+            "%.0f / %.0f" % (min(press), max(press)) if press else "-"))
     out.append("")
 
 

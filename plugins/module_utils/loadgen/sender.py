@@ -1,4 +1,4 @@
-"""Open-loop arrivals from a dedicated sender process (docs/architecture.md, 'Open loop'). Stdlib only.
+"""Open-loop arrivals from a dedicated sender process (docs/architecture.md, 5). Stdlib only.
 
 Why a process of its own: an arrival is late when the process that should send it is not running
 at its due time. In the client process that is (a) its event loop serving other streams' reads in
