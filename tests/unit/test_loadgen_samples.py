@@ -46,9 +46,15 @@ def test_a_level_bounded_by_its_timeout_says_it_has_fewer_samples():
 
 def test_open_loop_reports_achieved_rate_and_send_lateness():
     with ServerProcess("--ttft-ms", "10", "--step-ms", "2", script=FAKE) as srv:
-        rate = run_level(cfg(srv.url, load_mode="rate", request_rate=40.0, concurrency=16,
-                             level_seconds=1.5, min_latency_samples=0), WORKLOAD).row
+        rate_res = run_level(cfg(srv.url, load_mode="rate", request_rate=40.0, concurrency=16,
+                                 level_seconds=1.5, min_latency_samples=0), WORKLOAD)
         closed = run_level(cfg(srv.url, min_latency_samples=0), WORKLOAD).row
+    rate = rate_res.row
+    # Sent by the sender process (sender.py), at whatever priority it was allowed; every request
+    # was sent at or after its scheduled arrival, and answered on the handed-over socket.
+    assert rate_res.sender_priority in ("realtime", "nice", "normal")
+    window = [r for r in rate_res.requests if r["in_window"]]
+    assert window and all(r["queue_ms"] >= 0 and r["error"] is None for r in window)
     assert rate.arrival_rate_s is not None and 20 < rate.arrival_rate_s < 60
     assert rate.arrival_rate_s == round(rate.requests / rate.window_s, 4)
     assert 0 <= rate.send_lateness_p50_ms <= rate.send_lateness_p99_ms < 50

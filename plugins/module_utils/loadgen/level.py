@@ -992,14 +992,18 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             "C=%d: latency percentiles from %d window requests, fewer than min_latency_samples "
             "(%d): raise level_timeout (the window closed at half of it)" % (
                 c, row.latency_samples, row.min_latency_samples))
-    priorities = sorted({r.get("sender_priority") or "-" for r in results.values()})
+    priorities = sorted({r["sender_priority"] for r in results.values()
+                         if r.get("sender_priority")})
     late = row.send_lateness_p99_ms
     if late is not None and late >= LATENESS_NOTE_MS:
-        warnings.append(
-            "C=%d: send lateness p99 %.2f ms (arrival sender priority: %s)%s" % (
-                c, late, ", ".join(priorities),
-                "" if priorities == [PRIORITY_REALTIME] else ": real-time priority (root or "
-                "CAP_SYS_NICE) lets it send on time on a busy machine"))
+        if not priorities:
+            why = "arrivals sent from the client's own loop (TLS)"
+        elif priorities == [PRIORITY_REALTIME]:
+            why = "arrival sender at real-time priority"
+        else:
+            why = ("arrival sender priority: %s; real-time priority (root or CAP_SYS_NICE) lets "
+                   "it send on time on a busy machine" % ", ".join(priorities))
+        warnings.append("C=%d: send lateness p99 %.2f ms (%s)" % (c, late, why))
     if row.client_limited:
         warnings.append(
             "C=%d: client-limited (client CPU %.0f%% of a core, loop lag p99 %s ms): add client "
@@ -1012,7 +1016,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             rows.append(r)
     rows.sort(key=lambda r: r["t_send"])
     return LevelResult(row=row, requests=rows, warnings=warnings,
-                       sender_priority=", ".join(p for p in priorities if p != "-") or None)
+                       sender_priority=", ".join(priorities) or None)
 
 
 def _both(first, second):
