@@ -1,10 +1,10 @@
 # -*- coding: utf-8 -*-
 """llm_bench (action, controller): run the sweep level by level through the llm_bench module.
 
-For each level it calls the module on the task's host (the bench client, usually through
-`delegate_to`), prints a progress line, writes the level's part files under the controller's
-results/<run_id>/parts/ atomically and rebuilds levels.csv and requests.jsonl under the run's
-lock. A finished level is never lost: not to Ctrl-C, not to a server that dies mid-sweep. A level
+For each level (each of its `repeats`, in rounds: plugin_utils/sweep_plan.py) it calls the
+module on the task's host (the bench client, usually through `delegate_to`), prints a progress
+line, writes the measurement's part files under the controller's results/<run_id>/parts/
+atomically and rebuilds levels.csv and requests.jsonl under the run's lock. A finished level is never lost: not to Ctrl-C, not to a server that dies mid-sweep. A level
 whose requests all failed is recorded (with its errors) and ends the sweep for this profile: the
 task fails with the reason. The documentation is plugins/modules/llm_bench.py.
 """
@@ -40,6 +40,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.contract 
 from ansible_collections.servelab.serving.plugins.module_utils.run.lock import utc_now
 from ansible_collections.servelab.serving.plugins.plugin_utils.run_record import (
     KEEP, REMEASURE, clear_in_flight, finished_levels_policy, mark_in_flight, measured_part,
+)
+from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import (
+    RepeatsError, check_repeats, part_key, sweep_order,
 )
 
 display = Display()
@@ -91,24 +94,31 @@ class ActionModule(ActionBase):
             result.update(changed=False, levels=[], results_dir=run_dir)
             return result
 
+        try:
+            repeats = check_repeats(args.get("repeats", 1))
+        except RepeatsError as exc:
+            raise AnsibleActionFail("llm_bench: %s" % exc) from None
         levels, warnings = [], []
         rate_mode = module_args.get("load_mode") == "rate"
-        steps = ([{"request_rate": [cfg.request_rate]} for cfg in configs] if rate_mode
-                 else [{"concurrency": [cfg.concurrency]} for cfg in configs])
+        # Every level `repeats` times, in rounds (plugin_utils/sweep_plan.py says why).
+        plan = sweep_order(configs, repeats, rate_mode)
         result.update(changed=False, levels=levels, results_dir=run_dir, warnings_text=warnings)
         # What to do with a level that already has a complete part file: the run's manifest
         # says (bench.yml's bench_run writes it: keep on bench_resume, remeasure with
         # bench_remeasure); a run without that word never has a finished level overwritten.
+        # Each repeat is its own part file, so a resume keeps the finished repeats.
         policy = finished_levels_policy(run_dir)
         result["kept_levels"] = kept = []
         sweep_started, own_walls = time.time(), []   # for the progress line only
-        for index, (step, cfg) in enumerate(zip(steps, configs)):
-            # One level per module call: each but the sweep's last drains the server after it.
-            level_args = dict(module_args, drain_after=index < len(configs) - 1, **step)
-            label = ("rate=%g/s" % step["request_rate"][0]) if rate_mode else (
-                "C=%d" % step["concurrency"][0])
+        for step in plan:
+            # One measurement per module call: each but the sweep's last drains the server after
+            # it. Repeat r sends with seed + r - 1: its own prompt order and arrivals.
+            level_args = dict(module_args, drain_after=step.position < len(plan) - 1,
+                              repeat=step.repeat, **step.step)
+            level_args["seed"] = int(module_args.get("seed", 1)) + step.repeat - 1
+            label = step.where
             where = "%s/%s %s" % (args["host_label"], args.get("profile", "default"), label)
-            earlier = self._finished_level(parts_dir, args, cfg, rate_mode)
+            earlier = self._finished_level(parts_dir, args, step, rate_mode)
             if earlier is not None:
                 path, row = earlier
                 verdict = level_verdict(row)
@@ -130,7 +140,8 @@ class ActionModule(ActionBase):
                     where, " but failed (%s)" % verdict.reason if verdict.failed else "",
                     " (remeasure)" if policy == REMEASURE else ""))
             display.display("llm_bench %s: %s" % (args["host_label"], self._progress_line(
-                run_dir, parts_dir, args, index, len(configs), label, own_walls, sweep_started)))
+                run_dir, parts_dir, args, step, len(configs), len(plan), own_walls,
+                sweep_started)))
             level_started = time.monotonic()
             display.display("llm_bench %s/%s %s: running (window %ss) on %s" % (
                 args["host_label"], args.get("profile", "default"), label,
@@ -138,7 +149,7 @@ class ActionModule(ActionBase):
             # Named before it runs, so an interrupted run can say which level it lost; a worker
             # ended by the interrupt never gets to remove it.
             mark_in_flight(run_dir, args["host_label"], args.get("profile", "default"), label,
-                           cfg.concurrency, utc_now())
+                           step.cfg.concurrency, utc_now(), repeat=step.repeat)
             try:
                 res = self._execute_module(module_name="servelab.serving.llm_bench",
                                            module_args=level_args, task_vars=task_vars)
@@ -152,7 +163,7 @@ class ActionModule(ActionBase):
             for row in rows:
                 levels.append(row)
                 result["changed"] = True
-                display.display("llm_bench " + level_line(row))
+                display.display("llm_bench " + level_line(row, repeats))
             for note in res.get("warnings_text") or []:
                 warnings.append(note)
                 display.warning("llm_bench: %s" % note)
@@ -175,16 +186,19 @@ class ActionModule(ActionBase):
                     return result
                 warnings.append(msg)
         result["msg"] = "%d level(s) written to %s" % (len(levels) - len(kept), run_dir) + (
+            " (%d level(s) x %d repeats)" % (len(configs), repeats) if repeats > 1 else "") + (
             ", %d kept from earlier in the run (%s)" % (len(kept), ", ".join(kept)) if kept else "")
         return result
 
     @staticmethod
-    def _progress_line(run_dir, parts_dir, args, index, count, label, own_walls, sweep_started):
-        """'profile 2/2 eagle3 · level 3/8 C=5 · 01:42 elapsed · ETA 02:10' (plugin_utils/
-        progress.py): elapsed since the run started (its manifest), else since this sweep did;
-        the ETA from the wall time of the levels measured in this run so far (the other sweeps'
-        part files, this sweep's own levels), plus the servers' start times the manifest
-        recorded, per profile left. Never fails a sweep: a line it cannot make says so."""
+    def _progress_line(run_dir, parts_dir, args, step, level_count, measurements, own_walls,
+                       sweep_started):
+        """'profile 2/2 eagle3 · level 3/8 C=5 · repeat 2/3 · 01:42 elapsed · ETA 02:10'
+        (plugin_utils/progress.py): elapsed since the run started (its manifest), else since
+        this sweep did; the ETA from the wall time of the measurements made in this run so far
+        (the other sweeps' part files, this sweep's own), times the measurements left (levels x
+        repeats), plus the servers' start times the manifest recorded, per profile left. Never
+        fails a sweep: a line it cannot make says so."""
         profile = args.get("profile", "default")
         profile_index, profile_count = args.get("profile_index"), args.get("profile_count")
         try:
@@ -197,22 +211,21 @@ class ActionModule(ActionBase):
             walls = level_walls_from_parts(parts_dir, since=started,
                                            skip=sweep_stem(args["host_label"], profile))
             eta = estimate_eta(
-                walls + own_walls, index + 1, count, profile_index, profile_count,
+                walls + own_walls, step.position + 1, measurements, profile_index, profile_count,
                 guess_s=guess_level_seconds(args.get("level_seconds", 30),
                                             args.get("warmup_requests", 0)),
                 profile_overhead_s=server_start_seconds(manifest))
-            return progress_line(index + 1, count, label, elapsed, eta, profile, profile_index,
-                                 profile_count)
+            return progress_line(step.level_index + 1, level_count, step.label, elapsed, eta,
+                                 profile, profile_index, profile_count,
+                                 repeat=step.repeat, repeats=step.repeats)
         except Exception as exc:  # noqa: BLE001 - a progress line never stops a sweep
-            return "level %d/%d %s (no progress figures: %s)" % (index + 1, count, label, exc)
+            return "level %d/%d %s (no progress figures: %s)" % (step.level_index + 1,
+                                                                 level_count, step.where, exc)
 
     @staticmethod
-    def _finished_level(parts_dir, args, cfg, rate_mode):
-        """(path, row) of this level's complete part file, if the run already has one."""
-        key = {"host": args["host_label"], "profile": args.get("profile", "default"),
-               "concurrency": cfg.concurrency}
-        if rate_mode:
-            key.update(load_mode="rate", request_rate=cfg.request_rate)
+    def _finished_level(parts_dir, args, step, rate_mode):
+        """(path, row) of this measurement's complete part file, if the run already has one."""
+        key = part_key(args["host_label"], args.get("profile", "default"), step, rate_mode)
         path = measured_part(parts_dir, key)
         if path is None:
             return None

@@ -100,7 +100,9 @@ from ansible_collections.servelab.serving.plugins.module_utils import redact
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PARTS_DIR
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import LOAD_MODE_RATE
-from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
+    read_parts, row_repeat,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.server.state import (
     LOG_FILE, server_dir,
 )
@@ -434,7 +436,7 @@ class CallbackModule(CallbackBase):
             rate = row.get("load_mode") == LOAD_MODE_RATE
             return (str(row.get("host")), order.get(row.get("profile"), len(order)),
                     str(row.get("profile")), rate, float(row.get("request_rate") or 0) if rate
-                    else 0.0, float(row.get("concurrency") or 0))
+                    else 0.0, float(row.get("concurrency") or 0), row_repeat(row))
 
         return sorted(rows.values(), key=key)
 

@@ -59,6 +59,14 @@ options:
     description: Serving profile name recorded in every row.
     type: str
     default: default
+  repeat:
+    description:
+      - Which measurement of the level this call makes (1 for the first), recorded in every row
+        and request record (C(repeat)) and in the part file names. The action plugin sets it when
+        it measures each level more than once (its option C(repeats), see the notes); a direct
+        module call rarely needs it.
+    type: int
+    default: 1
   concurrency:
     description:
       - Closed loop (O(load_mode=concurrency)) the levels to run, each a number of workers.
@@ -221,7 +229,16 @@ attributes:
 notes:
   - "Options of the action plugin only: C(run_id), C(results_root) (controller path, default
     C(<playbook_dir>/results)), C(stop_on_failure) (default true), C(profile_index) and
-    C(profile_count) (where this sweep stands in the run: profile i of n, for the progress line)."
+    C(profile_count) (where this sweep stands in the run: profile i of n, for the progress line),
+    C(repeats) (default 1: how many times each level is measured, see below)."
+  - "C(repeats: N) measures every level N times, in rounds: every level once (repeat 1), then
+    every level again (repeat 2), and so on; each repeat is a whole level (warm-up, window,
+    tail, and the drain before the next), sent with seed + repeat - 1, and written as its own
+    part files (C(__rep<r>) added to the name from repeat 2 on) and rows (C(repeat)). Rounds
+    rather than N back-to-back measurements of one level, so that drift over the run (clocks,
+    heat, a neighbour's load) shows in each level's spread instead of biasing whole levels, and
+    a run cut short has every level measured at least once. A resumed run keeps each finished
+    repeat and measures only the missing ones."
   - "The window: it opens when every worker has finished O(warmup_requests) requests, lasts
     O(level_seconds) and at least O(min_window_requests) sends; the load stays on until every
     request sent in the window has finished (so all ran under full load); the tail requests still

@@ -16,7 +16,8 @@ context. The rules:
   ansible-core's own ArgumentSpecValidator (the role's built-in validation) rejects is rejected
   too;
 - ranges: port 1-65535, level seconds > 0 (and below llm_bench's level_timeout), SLOs > 0,
-  concurrency levels >= 1, timeouts > 0, regexes that compile;
+  concurrency levels >= 1, repeats >= 1 (sweep_plan.check_repeats, llm_bench's own rule),
+  timeouts > 0, regexes that compile;
 - profiles through server/profiles.py's own validation (resolve_profile) and rendering
   (render_server) for the profile's engine (SGLang: for the newest pinned release; the installed
   release's rendering and flag check run on the GPU server, see module_utils/preflight.py);
@@ -64,6 +65,10 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.render imp
 from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import SGLANG_DEFAULT_VERSION
 from ansible_collections.servelab.serving.plugins.module_utils.server.simulator_file import SCRIPT_NAME
 from ansible_collections.servelab.serving.plugins.plugin_utils.derived_preflight import check_derived
+from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import (
+    RepeatsError,
+    check_repeats,
+)
 
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_DIR = os.path.join(COLLECTION_ROOT, "roles", "bench")
@@ -472,6 +477,12 @@ def _check_numbers(inp: HostInput, add) -> None:
         value = v.get(name)
         if _is_number(value) and _number(value) < 0:
             add(name, "%s: %s must be >= 0" % (name, value))
+    repeats = v.get("bench_repeats")
+    if _is_int(repeats):    # not an integer at all: the type check said so
+        try:
+            check_repeats(repeats, "bench_repeats")
+        except RepeatsError as exc:
+            add("bench_repeats", "%s; %s" % (exc, FIX))
     levels = v.get("bench_concurrency")
     if isinstance(levels, (list, tuple)):
         if not levels:

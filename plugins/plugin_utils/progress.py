@@ -28,7 +28,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_vie
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     FIELD, KIND_STR, LAYOUTS, LOAD_MODE_RATE, VIEW_LINE,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.results.parts import part_stem
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
+    part_stem, row_repeat,
+)
 
 SEP = " · "
 # Before any level of the run has been measured, a level is guessed to take its window plus
@@ -161,13 +163,18 @@ def estimate_eta(level_walls: Sequence[float], level_index: int, level_count: in
 
 def progress_line(level_index: int, level_count: int, label: str, elapsed_s: Optional[float],
                   eta: Eta, profile: Optional[str] = None, profile_index: Optional[int] = None,
-                  profile_count: Optional[int] = None) -> str:
-    """'profile 2/2 eagle3 · level 3/8 C=5 · 01:42 elapsed · ETA 02:10'; without the profile's
-    place in the run, the profile part is left out."""
+                  profile_count: Optional[int] = None, repeat: Optional[int] = None,
+                  repeats: Optional[int] = None) -> str:
+    """'profile 2/2 eagle3 · level 3/8 C=5 · repeat 2/3 · 01:42 elapsed · ETA 02:10'; without
+    the profile's place in the run, the profile part is left out; the repeat part is there only
+    when each level is measured more than once (the ETA then counts levels x repeats: the
+    caller passes it so)."""
     parts = []
     if profile_index and profile_count:
         parts.append("profile %d/%d %s" % (profile_index, profile_count, profile or "?"))
     parts.append("level %d/%d %s" % (level_index, level_count, label))
+    if repeats and repeats > 1:
+        parts.append("repeat %d/%d" % (repeat or 1, repeats))
     parts.append("%s elapsed" % clock(elapsed_s))
     parts.append(eta.text())
     return SEP.join(parts)
@@ -257,10 +264,14 @@ def levels_table(rows: Sequence[Mapping]) -> List[str]:
         return []
     rate = any(r.get("load_mode") == LOAD_MODE_RATE for r in rows)
     cells = LAYOUTS[VIEW_LINE]
+    repeated = any(row_repeat(r) > 1 for r in rows)
     headers = ["host", "profile", FIELD["concurrency"].header]
     right = [False, False, True]
     if rate:
         headers.append(FIELD["request_rate"].title)
+        right.append(True)
+    if repeated:
+        headers.append(FIELD["repeat"].header)
         right.append(True)
     headers += [cell_header(cell) for cell in cells]
     right += [_numeric(cell.fields[0]) for cell in cells]
@@ -275,6 +286,8 @@ def levels_table(rows: Sequence[Mapping]) -> List[str]:
         if rate:
             line.append(format_value("request_rate", row.get("request_rate"))
                         if row.get("load_mode") == LOAD_MODE_RATE else "-")
+        if repeated:
+            line.append(format_value("repeat", row_repeat(row)))
         line += [cell_text(cell, row) for cell in cells]
         if any(notes):
             line.append(note)
@@ -290,8 +303,9 @@ def levels_table(rows: Sequence[Mapping]) -> List[str]:
 
 
 def level_key(row: Mapping) -> tuple:
-    """Which level a row is, for merging the rows of results and part files."""
-    return (str(row.get("host")), str(row.get("profile")), level_label(row))
+    """Which measurement a row is (level and repeat), for merging the rows of results and part
+    files."""
+    return (str(row.get("host")), str(row.get("profile")), level_label(row), row_repeat(row))
 
 
 def heartbeat_line(host: str, profile: str, elapsed_s: float, log_line: Optional[str] = None) -> str:

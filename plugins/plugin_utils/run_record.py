@@ -168,10 +168,13 @@ def _in_flight_path(run_dir: str, host: str) -> str:
 
 
 def mark_in_flight(run_dir: str, host: str, profile: str, level: str, concurrency: int,
-                   started_at: str) -> str:
+                   started_at: str, repeat: int = 1) -> str:
+    """Note the measurement about to start on `host` (`level`: its label, with the repeat when
+    the level is measured more than once); an interrupt loses that one only."""
     path = _in_flight_path(run_dir, host)
     atomic_write_json(path, {"host": host, "profile": profile, "level": level,
-                             "concurrency": concurrency, "started_at": started_at})
+                             "concurrency": concurrency, "repeat": repeat,
+                             "started_at": started_at})
     return path
 
 
@@ -211,7 +214,8 @@ def finished_levels_policy(run_dir: str) -> Optional[str]:
 
 
 def measured_part(parts_dir: str, row_key: dict) -> Optional[str]:
-    """The complete part file of (host, profile, level) if there is one. A .json part exists only
+    """The complete part file of (host, profile, level, repeat) if there is one (`row_key`: the
+    row fields part_stem names it by; no `repeat`: repeat 1). A .json part exists only
     once its requests file is written (parts.write_level_files), so it means a complete level."""
     path = os.path.join(parts_dir, part_stem(row_key) + ".json")
     if not os.path.isfile(path):

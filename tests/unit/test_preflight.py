@@ -277,10 +277,11 @@ def test_every_llm_bench_option_a_user_sets_is_a_bench_variable_the_role_passes(
         block = yaml.safe_load(fh)[0]["block"]
     [sweep] = [t for t in block if "servelab.serving.llm_bench" in t]
     passed = set(sweep["servelab.serving.llm_bench"])
-    internal = {"results_dir", "return_requests", "drain_after"}
+    # repeat: the action sets it on each call (the measurement it makes of the level)
+    internal = {"results_dir", "return_requests", "drain_after", "repeat"}
     assert set(ARGUMENT_SPEC) - internal <= passed, set(ARGUMENT_SPEC) - internal - passed
-    # progress context: profile i of n
-    assert {"profile_index", "profile_count"} <= passed
+    # progress context: profile i of n; the action's own loop: repeats of each level
+    assert {"profile_index", "profile_count", "repeats"} <= passed
     labels = {"host_label", "profile", "api_key"}
     assert set(ARGUMENT_SPEC) - internal - labels <= set(pf.OPTION_VARIABLES)
     for option, variable in pf.OPTION_VARIABLES.items():

@@ -13,8 +13,8 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_vie
     format_value,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
-    FIELD, FIELDS, KIND_BOOL, KIND_FLOAT, KIND_INT, KIND_STR, LAYOUTS, ROW_COLUMNS, VIEW_CSV,
-    VIEW_LINE, VIEW_RATE_TABLE, VIEW_TABLE, LevelRow, csv_columns,
+    FIELD, FIELDS, SUMMARY_FIELDS, KIND_BOOL, KIND_FLOAT, KIND_INT, KIND_STR, LAYOUTS, ROW_COLUMNS, VIEW_CSV,
+    VIEW_LINE, VIEW_RATE_TABLE, VIEW_REPEATS, VIEW_TABLE, LevelRow, csv_columns,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     levels_csv, read_levels_csv,
@@ -46,7 +46,9 @@ def test_every_levels_csv_column_has_a_field_and_every_field_a_column():
     assert set(figures) == {f.name for f in FIELDS if f.server}   # the server figures, exactly
     header = levels_csv([dataclasses.asdict(full_row())]).splitlines()[0].split(",")
     assert header == [f.name for f in FIELDS]
-    assert sorted(header) == sorted(FIELD)
+    # FIELD also defines the report's repeats summary figures, which are no levels.csv column.
+    assert sorted(header + [f.name for f in SUMMARY_FIELDS]) == sorted(FIELD)
+    assert not set(header) & {f.name for f in SUMMARY_FIELDS}
     # The row's own fields are LevelRow's, in its order; server_metrics is the server columns.
     row_fields = [f.name for f in dataclasses.fields(LevelRow) if f.name != "server_metrics"]
     assert [f.name for f in FIELDS if not f.server] == row_fields
@@ -62,7 +64,7 @@ def test_the_contract_columns_come_first_in_their_order():
 
 def test_every_field_is_defined_and_formats_its_values():
     sample = {KIND_STR: "text", KIND_INT: 7, KIND_FLOAT: 2.5, KIND_BOOL: False}
-    for f in FIELDS:
+    for f in FIELDS + SUMMARY_FIELDS:
         assert f.header and f.meaning, f.name
         assert f.title.endswith(f.unit) and f.title.startswith(f.header)
         assert format_value(f.name, sample[f.kind]) not in ("", "-"), f.name
@@ -73,10 +75,14 @@ def test_every_field_is_defined_and_formats_its_values():
 
 
 def test_views_say_where_a_field_is_shown():
-    assert FIELD["output_tok_s"].views == (VIEW_CSV, VIEW_LINE, VIEW_TABLE, VIEW_RATE_TABLE)
+    assert FIELD["output_tok_s"].views == (VIEW_CSV, VIEW_LINE, VIEW_TABLE, VIEW_RATE_TABLE,
+                                           VIEW_REPEATS)
     assert FIELD["itl_p99_ms"].views == (VIEW_CSV, VIEW_TABLE)
     assert FIELD["e2e_p50_ms"].views == (VIEW_CSV,)
-    assert FIELD["concurrency"].views == (VIEW_CSV, VIEW_LINE, VIEW_TABLE, VIEW_RATE_TABLE)
+    assert FIELD["concurrency"].views == (VIEW_CSV, VIEW_LINE, VIEW_TABLE, VIEW_RATE_TABLE,
+                                          VIEW_REPEATS)
+    # The repeats summary's own figures are shown by its view only, never in levels.csv.
+    assert FIELD["output_tok_s_sd"].views == (VIEW_REPEATS,)
     for view, cells in LAYOUTS.items():
         for cell in cells:
             assert all(view in FIELD[name].views for name in cell.fields)

@@ -109,7 +109,8 @@ def test_in_flight_then_close_interrupted_records_the_level_and_releases(tmp_pat
     assert manifest["status"] == "interrupted" and manifest["interrupted_at"] == "T"
     assert manifest["interrupt_reason"] == "SIGINT"
     assert manifest["level_in_flight"] == [{"host": "gpu1", "profile": "baseline", "level": "C=2",
-                                            "concurrency": 2, "started_at": "2026-01-02T00:00:01Z"}]
+                                            "concurrency": 2, "repeat": 1,
+                                            "started_at": "2026-01-02T00:00:01Z"}]
     assert closed.released and not os.path.exists(closed.released[0])
     assert not os.path.exists(os.path.join(run_dir, run_record.IN_FLIGHT_DIR))
     assert closed.measured_levels == 1

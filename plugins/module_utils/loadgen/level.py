@@ -148,6 +148,7 @@ class LevelConfig:
     metrics_interval: float = 1.0
     host_label: str = "localhost"
     profile: str = "default"
+    repeat: int = 1                 # which measurement of this level (llm_bench's repeats)
     keep_chunks: bool = False       # keep per-chunk arrival times in the request rows (tests)
 
     def validate(self) -> None:
@@ -166,6 +167,9 @@ class LevelConfig:
             bad("load_mode", "expected one of %s" % ", ".join(LOAD_MODES))
         if int(self.concurrency) < 1:
             bad("concurrency", "expected an integer >= 1, got %r" % self.concurrency)
+        if int(self.repeat) < 1:
+            bad("repeat", "expected an integer >= 1 (the first measurement of a level is 1), "
+                          "got %r" % self.repeat)
         if self.load_mode == "rate":
             if not self.request_rate or float(self.request_rate) <= 0:
                 bad("request_rate", "load_mode rate needs a request rate > 0 (requests/s)")
@@ -963,6 +967,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
         merged.merge(results[i]["part"])
     merged.ws, merged.we = ws, we
     row = level_row(cfg.host_label, cfg.profile, c, merged, cfg.slo)
+    row.repeat = int(cfg.repeat)
     row.load_mode = cfg.load_mode
     row.request_rate = float(cfg.request_rate) if cfg.load_mode == "rate" else None
     if cfg.load_mode == "rate" and row.window_s:
@@ -1012,7 +1017,8 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     rows = []
     for i in range(nproc):
         for r in results[i]["rows"]:
-            r.update(host=cfg.host_label, profile=cfg.profile, concurrency=c)
+            r.update(host=cfg.host_label, profile=cfg.profile, concurrency=c,
+                     repeat=int(cfg.repeat))
             rows.append(r)
     rows.sort(key=lambda r: r["t_send"])
     return LevelResult(row=row, requests=rows, warnings=warnings,

@@ -30,6 +30,7 @@ ARGUMENT_SPEC = dict(
     api_key=dict(type="str", no_log=True),
     host_label=dict(type="str", default=_default("host_label")),
     profile=dict(type="str", default=_default("profile")),
+    repeat=dict(type="int", default=_default("repeat")),
     concurrency=dict(type="list", elements="int", required=True),
     load_mode=dict(type="str", default=_default("load_mode"), choices=list(LOAD_MODES)),
     request_rate=dict(type="list", elements="float"),
@@ -71,6 +72,9 @@ ACTION_ONLY_SPEC = dict(
     # them: profile 2 of 3); without them the line counts this sweep's levels only.
     profile_index=dict(type="int"),
     profile_count=dict(type="int"),
+    # How many times each level is measured (the action's loop; each call measures one repeat,
+    # passed to the module as `repeat`).
+    repeats=dict(type="int", default=1),
 )
 ACTION_ARGUMENT_SPEC = dict(ARGUMENT_SPEC, **ACTION_ONLY_SPEC)
 ACTION_ONLY_OPTIONS = tuple(ACTION_ONLY_SPEC)

@@ -9,7 +9,7 @@ Standard library only.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
     level_flags, level_verdict,
@@ -123,10 +123,18 @@ def level_label(row: Mapping) -> str:
                       format_value("concurrency", row.get("concurrency")))
 
 
-def level_line(row: Mapping) -> str:
+def level_line(row: Mapping, repeats: Optional[int] = None) -> str:
     """The one line per finished level: the figures an operator watches, then what the report
-    will say about the level (its verdict and flags)."""
+    will say about the level (its verdict and flags). A repeat of a level measured more than
+    once says which: "repeat 2/3" when the caller knows the repeats (the llm_bench action),
+    else "repeat 2" from the row alone (repeat 1 then reads as the level)."""
     where = "%s/%s %s" % (row.get("host", "?"), row.get("profile", "?"), level_label(row))
+    repeat = row.get("repeat")
+    if isinstance(repeat, int) and not isinstance(repeat, bool):
+        if repeats and repeats > 1:
+            where += " %s %d/%d" % (FIELD["repeat"].header, repeat, repeats)
+        elif repeat > 1:
+            where += " %s %d" % (FIELD["repeat"].header, repeat)
     figures = ", ".join(cell_phrase(cell, row) for cell in LAYOUTS[VIEW_LINE])
     notes = [n for n in [level_verdict(row).note] + level_flags(row) if n]
     return "%s: %s" % (where, figures) + (" | " + "; ".join(notes) if notes else "")

@@ -79,6 +79,7 @@ class LevelRow:
     # --- extra columns (consumers tolerate them) ---
     load_mode: str = LOAD_MODE_CONCURRENCY
     request_rate: Optional[float] = None
+    repeat: int = 1
     itl_basis: str = ITL_BASIS_TOKEN
     tokens_source: str = TOKENS_SERVER
     ttft_mean_ms: Optional[float] = None
@@ -150,6 +151,7 @@ class LevelField:
     kind: str        # KIND_*: how a levels.csv cell is read back
     optional: bool   # None is a value (not measured); a blank cell reads back as None
     server: bool     # one of the server's /metrics figures (LevelRow.server_metrics)
+    summary: bool = False   # the report's repeats summary only (SUMMARY_FIELDS): no csv column
 
     @property
     def title(self) -> str:
@@ -158,9 +160,9 @@ class LevelField:
 
     @property
     def views(self) -> Tuple[str, ...]:
-        """The views that show this field: levels.csv, and the layouts below that name it (the
-        fields that name a level head every view)."""
-        return (VIEW_CSV,) + tuple(
+        """The views that show this field: levels.csv (unless it is a summary figure), and the
+        layouts below that name it (the fields that name a level head every view)."""
+        return (() if self.summary else (VIEW_CSV,)) + tuple(
             view for view, cells in LAYOUTS.items()
             if self.name in IDENTITY or any(self.name in cell.fields for cell in cells))
 
@@ -200,7 +202,10 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("output_tok_s", "tok/s", "output", ".1f",
                "generated tokens that arrived inside the window / window length"),
     _row_field("output_tok_s_ci95", "tok/s", "CI95", ".1f",
-               "95% confidence half-width of output tok/s (batch means)"),
+               "95% confidence half-width of output tok/s: over one level's window by batch "
+               "means; for the mean of a level's repeats (the report's summary row) across the "
+               "repeats: t(n-1) x SD / sqrt(n), never less than the repeats' own half-widths "
+               "combined"),
     _row_field("total_tok_s", "tok/s", "total", ".1f",
                "output tokens plus the prompt tokens of requests whose first token arrived "
                "inside the window, / window length"),
@@ -227,6 +232,10 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("load_mode", "", "load mode", "", "concurrency (closed loop) or rate (open loop)"),
     _row_field("request_rate", "request/s", "offered", ".2f",
                "open loop: the arrival rate asked for; none in closed loop"),
+    _row_field("repeat", "", "repeat", "d",
+               "which measurement of the level the row is, 1 to llm_bench's repeats "
+               "(bench_repeats): each repeat is a whole level (warm-up, window, tail, drain), "
+               "repeat r sends with seed + r - 1; 1 for a level measured once"),
     _row_field("itl_basis", "", "ITL basis", "",
                "token: per-token ITL; chunk: per chunk (the server sent no per-chunk counts)"),
     _row_field("tokens_source", "", "tokens source", "",
@@ -339,7 +348,24 @@ FIELDS: Tuple[LevelField, ...] = (
     _server_field("server_metrics_span_s", "s", "server metrics span", ".1f",
                   "time between the /metrics samples the counters were differenced over"),
 )
-FIELD: Dict[str, LevelField] = {f.name: f for f in FIELDS}
+
+# The report's summary of a level measured more than once (bench_repeats): one row per level
+# whose figures are the mean of its repeats (plugin_utils/report/repeats.py). These are that
+# row's own figures, not levels.csv columns: the exports keep one row per repeat.
+SUMMARY_FIELDS: Tuple[LevelField, ...] = (
+    LevelField("repeats", "", "repeats", "d",
+               "repeats the summary row's figures are the mean of: the usable ones, or all when "
+               "none is usable (a repeat left out is named in the row's flags)",
+               KIND_INT, True, False, summary=True),
+    LevelField("output_tok_s_sd", "tok/s", "output SD", ".1f",
+               "standard deviation of output tok/s across those repeats (n - 1); none for one",
+               KIND_FLOAT, True, False, summary=True),
+    LevelField("output_tok_s_min", "tok/s", "output min", ".1f",
+               "lowest output tok/s of those repeats", KIND_FLOAT, True, False, summary=True),
+    LevelField("output_tok_s_max", "tok/s", "output max", ".1f",
+               "highest output tok/s of those repeats", KIND_FLOAT, True, False, summary=True),
+)
+FIELD: Dict[str, LevelField] = {f.name: f for f in FIELDS + SUMMARY_FIELDS}
 
 # levels.csv: the contract's columns first (consumers rely on their order), then the other row
 # fields in FIELDS order, then the server figures a run has (csv_columns).
@@ -380,6 +406,7 @@ IDENTITY = ("host", "profile", "concurrency")
 VIEW_LINE = "line"               # the live line per level (llm_bench action, servelab callback)
 VIEW_TABLE = "table"             # the report's closed-loop level table
 VIEW_RATE_TABLE = "rate table"   # the report's open-loop (request-rate) table
+VIEW_REPEATS = "repeats table"   # the report's spread of the levels measured more than once
 
 _TOK_S = Cell(("output_tok_s", "output_tok_s_ci95"), SPREAD)
 _ERRORS = Cell(("errors", "requests"), COUNT)
@@ -392,6 +419,9 @@ LAYOUTS: Dict[str, Tuple[Cell, ...]] = {
     VIEW_RATE_TABLE: (Cell(("request_rate",)), Cell(("concurrency",)), _TOK_S,
                       Cell(("ttft_p50_ms", "ttft_p99_ms"), QUANTILES),
                       Cell(("tpot_p50_ms", "tpot_p99_ms"), QUANTILES), _ERRORS),
+    VIEW_REPEATS: (Cell(("repeats",)), _TOK_S, Cell(("output_tok_s_sd",)),
+                   Cell(("output_tok_s_min", "output_tok_s_max"), QUANTILES),
+                   Cell(("ttft_p50_ms",)), Cell(("tpot_p50_ms",))),
 }
 
 

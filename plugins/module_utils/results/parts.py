@@ -3,7 +3,9 @@
 Each finished level is written as two part files, atomically:
   results/<run_id>/parts/<host>__<profile>__c<C>.json    {"level": row, "warnings": [...]}
   results/<run_id>/parts/<host>__<profile>__c<C>.jsonl   one request record per line
-(`__r<rate>` is appended for open-loop levels). Then, under the run's lock (fcntl.flock on
+(`__r<rate>` is appended for open-loop levels, `__rep<r>` for the repeats of a level measured
+more than once, from repeat 2 on: repeat 1 keeps the name a level measured once has, so a run
+measured once can be resumed with more repeats and keeps what it has). Then, under the run's lock (fcntl.flock on
 results/<run_id>/.lock, the lock every servelab writer of a run takes), levels.csv and
 requests.jsonl are rebuilt from all parts, so parallel forks (several hosts) never lose a level
 and a run cut short keeps every finished one.
@@ -30,12 +32,27 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+REPEAT_SUFFIX = "__rep"
+# The part stem's repeat suffix, to tell a repeat's files from its level's (report/distributions).
+REPEAT_SUFFIX_RE = re.compile(r"__rep\d+$")
+
+
+def row_repeat(row: dict) -> int:
+    """The row's repeat (1 for a row written before repeats existed, or measured once)."""
+    try:
+        return max(1, int(row.get("repeat") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def part_stem(row: dict) -> str:
-    """File stem of one level's part files, unique per (host, profile, level)."""
+    """File stem of one level's part files, unique per (host, profile, level, repeat)."""
     stem = "%s__%s__c%d" % (_UNSAFE.sub("_", str(row["host"])),
                             _UNSAFE.sub("_", str(row["profile"])), int(row["concurrency"]))
     if row.get("load_mode") == LOAD_MODE_RATE and row.get("request_rate") is not None:
         stem += "__r%s" % ("%g" % float(row["request_rate"])).replace(".", "p")
+    if row_repeat(row) > 1:
+        stem += "%s%d" % (REPEAT_SUFFIX, row_repeat(row))
     return stem
 
 
@@ -55,7 +72,8 @@ def write_level_files(directory: str, row: dict, requests: List[dict],
 
 def _sort_key(row: dict):
     return (str(row.get("host")), str(row.get("profile")), str(row.get("load_mode")),
-            float(row.get("request_rate") or 0), int(row.get("concurrency") or 0))
+            float(row.get("request_rate") or 0), int(row.get("concurrency") or 0),
+            row_repeat(row))
 
 
 class PartError(ValueError):
@@ -74,9 +92,13 @@ def read_parts(parts_dir: str) -> List[Tuple[dict, str]]:
         try:
             with open(path, encoding="utf-8") as fh:
                 row = json.load(fh)["level"]
+            if not isinstance(row, dict):
+                raise TypeError("its level is a %s, not an object" % type(row).__name__)
         except (ValueError, KeyError, TypeError) as exc:
             raise PartError("%s is not a level part file (%s: %s); delete it or rerun the "
                             "level" % (path, type(exc).__name__, exc)) from None
+        # A part written before repeats existed is its level's only measurement: repeat 1.
+        row.setdefault("repeat", 1)
         out.append((row, path[:-len(".json")] + ".jsonl"))
     out.sort(key=lambda item: _sort_key(item[0]))
     return out
