@@ -73,9 +73,13 @@ class Crossover:
     """Where a profile's output tok/s falls below the baseline's after having been above it.
 
     status: crossed | never_won | always_wins | no_baseline | no_common_levels
-    concurrency: the first measured level at which the profile falls below (status crossed)
-    bracket: [last level at or above, that level]; estimate: the concurrency where the linear
-    interpolation of (profile - baseline) tok/s between the bracket's two levels is zero.
+    Won, lost and tied are decided by is_tie: a level where the difference is within the two
+    95% half-widths is tied, neither won nor lost.
+    concurrency: the first usable level the profile loses after having won at a lower one
+    (status crossed)
+    bracket: [the last level it won before, that level]; estimate: the concurrency where the
+    piecewise-linear interpolation of (profile - baseline) tok/s over the levels of the bracket
+    first falls below zero.
     """
 
     host: str
@@ -87,6 +91,7 @@ class Crossover:
     estimate: float | None = None
     won_at: list = field(default_factory=list)
     lost_at: list = field(default_factory=list)
+    tied_at: list = field(default_factory=list)   # within the two 95% half-widths (is_tie)
     excluded: list = field(default_factory=list)
     text: str = ""
 
@@ -99,6 +104,9 @@ class Segment:
     levels: list
     speedup_min: float | None = None
     speedup_max: float | None = None
+    # (level, profile) where a profile with a higher figure tied the baseline (is_tie): the
+    # baseline is named there
+    ties: list = field(default_factory=list)
 
 
 @dataclass
@@ -154,6 +162,37 @@ def level_ranges(levels: list) -> str:
     return f"C={levels[0]}" if len(levels) == 1 else f"C={levels[0]}-{levels[-1]}"
 
 
+def level_runs(chosen: list, among: list) -> str:
+    """Levels `chosen` out of the measured `among`, runs of neighbours joined: [1, 2, 30] out of
+    [1, 2, 5, 30] -> 'C=1-2, 30'."""
+    order = sorted(among)
+    runs: list = []
+    for c in sorted(chosen):
+        if runs and order.index(c) == order.index(runs[-1][-1]) + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return "C=" + ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def is_tie(value, half, other, other_half) -> bool | None:
+    """The report's one notion of a tie (`~` in its tables): two output tok/s figures whose
+    difference is within their two 95% half-widths together (a level's batch-means CI95; for
+    the mean of a level's repeats, across the repeats: report/repeats.py). A tie is neither a
+    win nor a loss for the crossover and the recommendation. None when a figure or a half-width
+    is unknown: then the difference's sign decides, as it does for figures without a CI."""
+    values = [finite_number(v) for v in (value, half, other, other_half)]
+    if None in values:
+        return None
+    return abs(values[0] - values[2]) <= values[1] + values[3]
+
+
+def _half(row) -> float | None:
+    """A level row's 95% half-width of output tok/s (None where the row has none)."""
+    getter = getattr(row, "get", None)
+    return finite_number(getter("output_tok_s_ci95") if getter else None)
+
+
 def profiles_in(levels: pd.DataFrame, baseline: str) -> list:
     """Profiles in a stable order: the baseline first, then the others as they appear."""
     seen = list(dict.fromkeys(levels["profile"].tolist()))
@@ -181,10 +220,8 @@ def compute_speedup(levels: pd.DataFrame, baseline: str) -> list:
                 b_tok_s = _num(b["output_tok_s"])
                 usable = bool(row["usable"]) and bool(b["usable"])
                 speedup = tok_s / b_tok_s if tok_s is not None and b_tok_s else None
-                within_ci = None
-                ci_p, ci_b = _num(row["output_tok_s_ci95"]), _num(b["output_tok_s_ci95"])
-                if speedup is not None and ci_p is not None and ci_b is not None:
-                    within_ci = abs(tok_s - b_tok_s) <= ci_p + ci_b
+                within_ci = (is_tie(tok_s, _half(row), b_tok_s, _half(b))
+                             if speedup is not None else None)
                 note = ""
                 if not usable:
                     reasons = []
@@ -211,8 +248,9 @@ def _crossover_for(
             "no_baseline",
             text=f"{profile} on {host}: no {baseline} results on this host, so no crossover",
         )
-    p_ok = rows[rows["usable"]].set_index("concurrency")["output_tok_s"]
-    b_ok = base[base["usable"]].set_index("concurrency")["output_tok_s"]
+    p_rows = rows[rows["usable"]].set_index("concurrency")
+    b_rows = base[base["usable"]].set_index("concurrency")
+    p_ok, b_ok = p_rows["output_tok_s"], b_rows["output_tok_s"]
     common = sorted(set(p_ok.index) & set(b_ok.index))
     every_level = sorted(set(rows["concurrency"]) | set(base["concurrency"]))
     excluded = [c for c in every_level if c not in common]
@@ -224,33 +262,51 @@ def _crossover_for(
         )
         return cross
     diff = {c: float(p_ok[c]) - float(b_ok[c]) for c in common}
-    cross.won_at = [c for c in common if diff[c] > 0]
-    cross.lost_at = [c for c in common if diff[c] < 0]
-    won_before = False
-    previous = None
+    tied = {c for c in common if is_tie(p_ok[c], _half(p_rows.loc[c]), b_ok[c],
+                                        _half(b_rows.loc[c]))}
+    cross.won_at = [c for c in common if diff[c] > 0 and c not in tied]
+    cross.lost_at = [c for c in common if diff[c] < 0 and c not in tied]
+    cross.tied_at = sorted(tied)
+    last_win = None
     for c in common:
-        if diff[c] < 0 and won_before:
-            d_a, d_b = diff[previous], diff[c]
+        if c in cross.lost_at and last_win is not None:
             cross.status = "crossed"
             cross.concurrency = c
-            cross.bracket = [previous, c]
-            # Linear interpolation of the tok/s difference between the two levels; d_a >= 0 > d_b.
-            cross.estimate = previous + (c - previous) * d_a / (d_a - d_b)
-            skipped = [e for e in excluded if previous < e < c]
+            cross.bracket = [last_win, c]
+            # Where the piecewise-linear (profile - baseline) tok/s first falls below zero
+            # between the last win and this loss: between two neighbours, d_a >= 0 > d_b.
+            span = [x for x in common if last_win <= x <= c]
+            for a, b in zip(span, span[1:], strict=False):
+                if diff[a] >= 0 > diff[b]:
+                    cross.estimate = a + (b - a) * diff[a] / (diff[a] - diff[b])
+                    break
+            skipped = [e for e in excluded if last_win < e < c]
+            ties = [t for t in cross.tied_at if last_win < t < c]
             cross.text = (
                 f"{profile} on {host} falls below {baseline} at C={c}: between "
-                f"C={previous} and C={c}, linear estimate C~{fmt_c(round(cross.estimate, 1))}"
+                f"C={last_win} and C={c}, linear estimate C~{fmt_c(round(cross.estimate, 1))}"
             )
+            if ties:
+                cross.text += (f" ({level_runs(ties, common)} in between: tied, within the "
+                               "95% half-widths)")
             if skipped:
                 cross.text += (
                     f" (level(s) {', '.join(map(str, skipped))} in between were excluded, "
                     "so the bracket is wider than measured)"
                 )
             return cross
-        won_before = won_before or diff[c] > 0
-        previous = c
+        if c in cross.won_at:
+            last_win = c
     span = level_ranges(common)
-    if not cross.won_at:
+    if not cross.won_at and cross.tied_at:
+        cross.status = "never_won"
+        cross.text = (
+            f"{profile} on {host} never beats {baseline} beyond the 95% half-widths at the "
+            f"usable levels ({span}): tied at {level_runs(cross.tied_at, common)}"
+            + (f", below at {level_runs(cross.lost_at, common)}" if cross.lost_at else "")
+            + "; no crossover"
+        )
+    elif not cross.won_at:
         cross.status = "never_won"
         cross.text = (
             f"{profile} on {host} never beats {baseline} at the usable levels ({span}): "
@@ -261,7 +317,8 @@ def _crossover_for(
         cross.text = (
             f"{profile} on {host} stays at or above {baseline} at every usable level "
             f"({span}): no crossover within the sweep"
-        )
+        ) + (f" (tied at {level_runs(cross.tied_at, common)}, within the 95% half-widths)"
+             if cross.tied_at else "")
     return cross
 
 
@@ -293,12 +350,19 @@ def best_profile_segments(host_rows: pd.DataFrame, baseline: str) -> list:
         if not measured["usable"].all():
             continue
         at_level = measured
-        # Highest output tok/s; an exact tie goes to the baseline (the simpler server to run).
+        # Highest output tok/s; an exact tie goes to the baseline (the simpler server to run),
+        # and so does a tie within the two 95% half-widths (is_tie): a profile is named over
+        # the baseline only where it beats it beyond the noise.
         ranked = at_level.assign(_is_base=at_level["profile"] == baseline)
         best = ranked.sort_values(
             ["output_tok_s", "_is_base"], ascending=False, kind="stable"
         ).iloc[0]
         base = at_level[at_level["profile"] == baseline]
+        tied_by = None
+        if not base.empty and best["profile"] != baseline and is_tie(
+                best["output_tok_s"], _half(best), base["output_tok_s"].iloc[0],
+                _half(base.iloc[0])):
+            tied_by, best = str(best["profile"]), base.iloc[0]
         speedup = (
             float(best["output_tok_s"]) / float(base["output_tok_s"].iloc[0])
             if not base.empty and best["profile"] != baseline
@@ -310,6 +374,8 @@ def best_profile_segments(host_rows: pd.DataFrame, baseline: str) -> list:
         else:
             seg = Segment(str(best["profile"]), [int(c)])
             segments.append(seg)
+        if tied_by:
+            seg.ties.append((int(c), tied_by))
         if speedup is not None:
             seg.speedup_min = speedup if seg.speedup_min is None else min(seg.speedup_min, speedup)
             seg.speedup_max = speedup if seg.speedup_max is None else max(seg.speedup_max, speedup)
@@ -378,6 +444,13 @@ def _segment_phrase(seg: Segment, baseline: str, last: bool, only: bool) -> str:
         lo, hi = seg.speedup_min, seg.speedup_max
         gain = f"{lo:.2f}x" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}x"
         phrase += f" with {gain} {baseline}'s output tok/s"
+    tied: dict = {}
+    for c, rival in seg.ties:
+        tied.setdefault(rival, []).append(c)
+    if tied:
+        phrase += ", where " + " and ".join(
+            f"{rival} ties it at {level_runs(levels, seg.levels)}"
+            for rival, levels in tied.items()) + " (within the 95% half-widths)"
     return phrase
 
 
@@ -534,6 +607,10 @@ def recommend(
         lead = "By output tok/s, "
     paragraph = lead + "; ".join(sentences) + "."
     paragraph += speculation_advice(crossovers, speculative, failing, records)
+    if any(seg.ties for rec in per_host for seg in rec.segments):
+        paragraph += (f" A profile that only ties {baseline} (a difference within the two 95% "
+                      f"half-widths) is not named over it: {baseline} is the simpler server to "
+                      "run.")
     if not levels["usable"].all():
         paragraph += " Levels marked failed, client-limited or error-heavy were left out."
     paragraph += " Check TTFT and TPOT in the table against your latency targets as well."

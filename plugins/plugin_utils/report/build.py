@@ -20,6 +20,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report import exp
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule_plot
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import repeats
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import telemetry
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import run_context
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import (
@@ -78,6 +79,8 @@ class ReportResult:
     telemetry: dict = field(default_factory=dict)
     # each derived profile against its static ones (report/schedule.py)
     derived: list = field(default_factory=list)
+    # repeats.LevelSpread as dicts, per level, when some level was measured more than once
+    repeats: list = field(default_factory=list)
 
     def as_result(self) -> dict:
         """What the action returns: everything but the file bytes and the telemetry by level,
@@ -159,6 +162,8 @@ def build_report(
         )
     run = load_run(results_dir, max_error_rate)
     gpu_figures, gpu_note = _join_telemetry(results_dir, run)
+    # One row per level from here on: the mean of its repeats and their spread (repeats.py).
+    repeats.summarise_run(run)
     levels = run.levels
     speedup = analysis.compute_speedup(levels, baseline)
     crossovers = analysis.compute_crossover(levels, baseline)
@@ -187,6 +192,7 @@ def build_report(
             warnings.append("compare_to is this run itself; every change is zero")
         earlier, _unused = load_levels(compare_to, max_error_rate)
         earlier, _unused = split_load_modes(earlier)
+        earlier = repeats.summarise(earlier)
         comparison, comparison_note = analysis.compare_runs(levels, earlier)
 
     content = ReportContent(
@@ -208,6 +214,7 @@ def build_report(
         rate_levels=run.rate_levels,
         derived=derived,
     )
+    content.sections += repeats.sections(content)
 
     if with_plots:
         badge = analysis.time_scale_badge(context.records, measured)
@@ -262,6 +269,7 @@ def build_report(
         files=files,
         telemetry=gpu_figures,
         derived=schedule.derived_result(derived),
+        repeats=[dataclasses.asdict(s) for s in repeats.spreads(content)],
     )
 
 

@@ -47,6 +47,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
     PartError,
     read_levels_csv,
     read_parts,
+    row_repeat,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import profile_records
 
@@ -65,7 +66,9 @@ class ReportError(Exception):
 class RunData:
     results_dir: str
     run_id: str
-    levels: pd.DataFrame  # closed-loop rows: LEVEL_COLUMNS + usable, verdict, note, flags; sorted
+    # closed-loop rows: LEVEL_COLUMNS + usable, verdict, note, flags; sorted; one per repeat
+    # (report/repeats.py summarises them into one per level)
+    levels: pd.DataFrame
     manifest: dict
     planned_levels: list  # concurrency levels the run meant to measure, when known
     request_errors: dict = field(default_factory=dict)  # (host, profile, C) -> [(error, count)]
@@ -173,21 +176,22 @@ def level_frame(
     frame["usable"] = frame["usable"].astype(bool)
     if "load_mode" in frame.columns and "request_rate" not in frame.columns:
         frame["request_rate"] = float("nan")
-    key = ["host", "profile", "concurrency"] + (
+    # A row without a repeat (levels.csv of a run from before repeats) is its level's only one.
+    frame["repeat"] = [row_repeat({"repeat": r}) for r in frame.get("repeat", [None] * len(frame))]
+    key = ["host", "profile", "concurrency", "repeat"] + (
         ["load_mode", "request_rate"] if "load_mode" in frame.columns else []
     )
     warnings = []
     duplicated = frame.duplicated(key, keep="last")
     if duplicated.any():
-        keys = frame.loc[duplicated, ["host", "profile", "concurrency"]].values.tolist()
+        keys = frame.loc[duplicated, ["host", "profile", "concurrency", "repeat"]].values.tolist()
         warnings.append(
-            f"{os.path.basename(records.source)} repeats (host, profile, concurrency) {keys}; "
-            "the last row of each is used"
+            f"{os.path.basename(records.source)} has (host, profile, concurrency, repeat) "
+            f"{keys} more than once; the last row of each is used"
         )
         frame = frame.loc[~duplicated]
-    frame = frame.sort_values(["host", "profile", "concurrency"], kind="stable").reset_index(
-        drop=True
-    )
+    frame = frame.sort_values(["host", "profile", "concurrency", "repeat"],
+                              kind="stable").reset_index(drop=True)
     return frame, warnings
 
 

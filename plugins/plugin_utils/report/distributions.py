@@ -9,7 +9,8 @@ ITL: per token from the chunk arrival times when the records carry them (`chunk_
 llm_bench writes only with its test-only keep_chunks; with `chunk_tokens` a chunk of k tokens
 gives k samples of gap/k, as the level's ITL figures do), else per chunk; records without chunk
 times (the normal case) give each request's TPOT as the inter-token proxy. Each series says
-which (`itl_basis`), and the axis label says it.
+which (`itl_basis`), and the axis label says it. A level measured more than once (repeats)
+pools the window requests of all its repeats.
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ansible_collections.servelab.serving.plugins.module_utils.results.parts import part_stem
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
+    REPEAT_SUFFIX_RE,
+    part_stem,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
     ecdf, exclusion_reason, finite_number as _number,
 )
 
 ITL_TOKEN, ITL_CHUNK, ITL_TPOT = "token", "chunk", "tpot"
 NS_PER_MS = 1_000_000
-# A part file's name: <host>__<profile>__c<C>[__r<rate>].jsonl
-_PART_FILE = re.compile(r"__c\d+(__r[0-9p.]+)?\.jsonl$")
+# A part file's name: <host>__<profile>__c<C>[__r<rate>][__rep<repeat>].jsonl
+_PART_FILE = re.compile(r"__c\d+(__r[0-9p.]+)?(__rep\d+)?\.jsonl$")
 
 
 @dataclass
@@ -81,7 +85,8 @@ def _wanted_file(path: str, stems: set) -> bool:
     name = os.path.basename(path)
     if not _PART_FILE.search(name):
         return True
-    return name[: -len(".jsonl")] in stems
+    # Every repeat of a drawn level is read: its distribution pools the repeats' requests.
+    return REPEAT_SUFFIX_RE.sub("", name[: -len(".jsonl")]) in stems
 
 
 def read_samples(request_files: list, wanted: set) -> tuple[dict, list]:

@@ -62,9 +62,9 @@ DESCRIBING = (
 )
 
 # requests.parquet: the request record's columns and their kinds (metrics.request_row, plus the
-# host/profile/concurrency the sweep adds).
+# host/profile/concurrency/repeat the sweep adds).
 REQUEST_COLUMNS = (
-    ("host", KIND_STR), ("profile", KIND_STR), ("concurrency", KIND_INT),
+    ("host", KIND_STR), ("profile", KIND_STR), ("concurrency", KIND_INT), ("repeat", KIND_INT),
     ("worker", KIND_INT), ("request_id", KIND_INT),
     ("t_send", KIND_INT), ("t_first", KIND_INT), ("t_last", KIND_INT),
     ("t_send_unix_ns", KIND_INT),
@@ -259,6 +259,8 @@ def export_files(rows: list, request_files: list, manifest: dict, run_id: str) -
                         except ValueError:
                             continue
                         if isinstance(record, dict):
+                            # Written before repeats existed: its level's only measurement.
+                            record.setdefault("repeat", 1)
                             records.append(_redacted(record, REQUEST_TEXTS, secrets))
         except FileNotFoundError:
             continue

@@ -7,7 +7,9 @@ tok/s and request/s for throughputs) merged with the sweep's parameters. They gr
 columns and curves by any key of the record. So each level (host, profile, concurrency; and the
 request rate in open loop) becomes one summary.json in the directory `vllm bench sweep serve`
 would name for it: the serve setting is the host and profile, the bench setting the concurrency
-(vLLM's max_concurrency) and, in open loop, the request rate.
+(vLLM's max_concurrency) and, in open loop, the request rate. A level measured more than once
+(repeats) lists every repeat in its summary.json, `run_number` repeat - 1, as `sweep serve
+--num-runs` lists its runs.
 
 Only servelab's own figures are written, under vLLM's names and in its units (both are ms and
 tok/s, so nothing is rescaled); what servelab does not measure is left out, never made up (std
@@ -22,6 +24,7 @@ import json
 import math
 import os
 
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import row_repeat
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
     finite_number as _number,
 )
@@ -122,7 +125,8 @@ def vllm_record(row: dict, described: dict) -> dict:
     record["request_rate"] = bench.get("request_rate", "inf")   # closed loop: no arrival rate
     record["burstiness"] = 1.0                                   # Poisson arrivals in open loop
     record.update(bench)
-    record["run_number"] = 0
+    # vLLM's sweep numbers the runs of one combination (its --num-runs) from 0: a repeat is one.
+    record["run_number"] = row_repeat(row) - 1
     return record
 
 
@@ -134,15 +138,15 @@ def peer_files(rows: list, request_files: list, manifest: dict, run_id: str) -> 
     from ansible_collections.servelab.serving.plugins.plugin_utils.report.export import describe
 
     known = describe(manifest if isinstance(manifest, dict) else {}, run_id)
-    files: dict = {}
-    for row in rows:
+    records: dict = {}
+    for row in sorted(rows, key=row_repeat):
         if _number(row.get("output_tok_s")) is None:
             continue
         described = dict(known.get((str(row.get("host")), str(row.get("profile"))), {}),
                          run_id=run_id)
         serve = {"host": row.get("host"), "profile": row.get("profile")}
         path = os.path.join(PEER_DIR, _directory(serve, _bench_setting(row)), SUMMARY_JSON)
-        text = json.dumps([vllm_record(row, described)], indent=4, sort_keys=True,
-                          allow_nan=False)
-        files[path] = (text + "\n").encode("utf-8")
-    return files
+        # The repeats of a level are the runs of one combination: one summary.json lists them.
+        records.setdefault(path, []).append(vllm_record(row, described))
+    return {path: (json.dumps(runs, indent=4, sort_keys=True, allow_nan=False) + "\n")
+            .encode("utf-8") for path, runs in records.items()}

@@ -88,6 +88,8 @@ class ReportContent:
     plots: dict = field(default_factory=dict)  # file name -> PNG bytes
     rate_levels: pd.DataFrame | None = None  # open-loop rows, shown apart
     derived: list = field(default_factory=list)  # report/schedule.py DerivedProfile
+    # [(title, Table)] sections other report modules add (repeats.py), after the level tables
+    sections: list = field(default_factory=list)
 
 
 def _title(name: str) -> str:
@@ -183,8 +185,9 @@ def level_table(content: ReportContent) -> Table:
     if has_baseline:
         footnotes.append(
             f"{vs}: output tok/s relative to {baseline} at the same level; `~` the difference "
-            "is within the two 95% CIs (a tie); in brackets: a level excluded from the "
-            "crossover and the recommendation.")
+            "is within the two 95% CIs (a tie: neither a win nor a loss for the crossover and "
+            "the recommendation); in brackets: a level excluded from the crossover and the "
+            "recommendation.")
     return Table(headers, rows, footnotes)
 
 
@@ -389,6 +392,8 @@ def summary_markdown(content: ReportContent) -> str:
     rates = rate_table(content)
     if rates:
         out += ["## Open-loop levels (request rate)", "", to_markdown(rates), ""]
+    for title, table in content.sections:
+        out += [f"## {title}", "", to_markdown(table), ""]
     for title, lines in (
         ("Excluded levels", _excluded_lines(content)),
         ("Failures and errors", _failure_lines(content)),
@@ -468,6 +473,8 @@ def report_html(content: ReportContent) -> str:
     rates = rate_table(content)
     if rates:
         parts += ["<h2>Open-loop levels (request rate)</h2>", to_html(rates)]
+    for title, table in content.sections:
+        parts += [f"<h2>{esc(title)}</h2>", to_html(table)]
     for title, lines in (
         ("Excluded levels", _excluded_lines(content)),
         ("Failures and errors", _failure_lines(content)),
