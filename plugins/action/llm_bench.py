@@ -4,9 +4,10 @@
 For each level (each of its `repeats`, in rounds: plugin_utils/sweep_plan.py) it calls the
 module on the task's host (the bench client, usually through `delegate_to`), prints a progress
 line, writes the measurement's part files under the controller's results/<run_id>/parts/
-atomically and rebuilds levels.csv and requests.jsonl under the run's lock. A finished level is never lost: not to Ctrl-C, not to a server that dies mid-sweep. A level
-whose requests all failed is recorded (with its errors) and ends the sweep for this profile: the
-task fails with the reason. The documentation is plugins/modules/llm_bench.py.
+atomically and rebuilds levels.csv and requests.jsonl under the run's lock. A finished level
+(or repeat) is never lost: not to Ctrl-C, not to a server that dies mid-sweep. A level whose
+requests all failed is recorded (with its errors) and ends the sweep for this profile: the task
+fails with the reason. The documentation is plugins/modules/llm_bench.py.
 """
 from __future__ import annotations
 

@@ -261,6 +261,22 @@ def test_good_rate_mode_and_every_sweep_option_pass():
     assert report.ok, texts(report)
 
 
+@pytest.mark.parametrize("value", [0, -3, "0"])
+def test_repeats_below_one_name_bench_repeats_and_the_fix(value):
+    msg = only(run(host(bench_repeats=value)), "bench_repeats")
+    assert "must be an integer >= 1, the times each level is measured" in msg
+    assert msg.endswith("fix it where it is set (group_vars, host_vars or -e)")
+
+
+@pytest.mark.parametrize("value", [2.5, "two", True])
+def test_repeats_that_are_not_integers_are_named_once(value):
+    assert "not an integer" in only(run(host(bench_repeats=value)), "bench_repeats")
+
+
+def test_repeats_of_three_pass():
+    assert run(host(bench_repeats=3)).ok and run(host(bench_repeats="3")).ok
+
+
 def test_a_level_timeout_below_the_level_seconds_is_named():
     msg = only(run(host(bench_level_timeout=10, bench_level_seconds=20)), "bench_level_seconds")
     assert "must be below llm_bench's level_timeout (10 s, bench_level_timeout)" in msg
