@@ -31,10 +31,18 @@ description:
     level by its wall-clock window (SM utilisation, memory, power, SM clock, energy, tokens per
     joule) into those files and C(levels.csv), and draws C(plots/gpu.png); without samples it
     says why in one note.
-  - The crossover of a profile on a host is the first measured level at which its output tok/s
-    falls below the baseline's after having been above it at a lower level. Levels where either
+  - Two output tok/s whose difference is within their two 95% half-widths together are a tie
+    (C(~) in the tables): neither a win nor a loss. The crossover of a profile on a host is the
+    first measured level at which its output tok/s falls below the baseline's beyond the
+    half-widths after having been above it beyond them at a lower level; the recommendation
+    names a profile over the baseline only where it wins beyond them. Levels where either
     profile failed, hit more errors than O(max_error_rate), or was C(client_limited) are marked in
     the tables and left out of the speedup conclusions, the crossover and the recommendation.
+  - A level measured more than once (llm_bench's C(repeats), the bench role's C(bench_repeats))
+    is one row in the tables, plots and conclusions, the mean of its usable repeats with the 95%
+    half-width across them (t(n-1) x SD / sqrt(n), at least the repeats' own CI95s combined); a
+    C(Repeats) table shows each level's SD, min, max, repeats counted and every repeat's output
+    tok/s. The exports keep one row per repeat (column C(repeat)).
   - A run cut short (missing levels) is reported with what it has, missing levels marked. With a
     single profile, or without the baseline, the report says there is no speedup.
   - The simulator's C(time_scale) recorded in the manifest (C(profiles.<profile>.<host>.time_scale))
@@ -123,9 +131,10 @@ crossover:
 crossover_details:
   description:
     - One entry per (host, profile) with C(status) (crossed, never_won, always_wins, no_baseline,
-      no_common_levels), C(concurrency), C(bracket) ([last level at or above, first level
-      below]), C(estimate) (linear interpolation of the tok/s difference between the bracket's
-      levels), C(won_at), C(lost_at), C(excluded) levels and C(text).
+      no_common_levels), C(concurrency), C(bracket) ([last level won, first level lost after
+      it]), C(estimate) (piecewise-linear interpolation of the tok/s difference between the
+      bracket's levels), C(won_at), C(lost_at), C(tied_at) (within the two 95% half-widths),
+      C(excluded) levels and C(text).
   returned: success
   type: list
   elements: dict
@@ -133,7 +142,7 @@ speedup:
   description:
     - One entry per (host, profile, concurrency) of every profile but the baseline, with
       C(speedup) (output tok/s over the baseline's, null without a baseline level),
-      C(profile_tok_s), C(baseline_tok_s), C(within_ci) (difference inside both 95% CIs),
+      C(profile_tok_s), C(baseline_tok_s), C(within_ci) (difference inside both 95% CIs: a tie),
       C(usable) (both levels usable) and C(note).
   returned: success
   type: list
@@ -146,6 +155,15 @@ time_scale:
   description: The sentence on the simulator's time scale stated in the report.
   returned: success
   type: str
+repeats:
+  description:
+    - When some level was measured more than once, one entry per level with C(host), C(profile),
+      C(level), C(repeats) (counted), C(repeats_measured), C(output_tok_s) (their mean),
+      C(output_tok_s_ci95) (its 95% half-width), C(output_tok_s_sd), C(output_tok_s_min),
+      C(output_tok_s_max) and C(by_repeat) (repeat -> output tok/s); empty otherwise.
+  returned: success
+  type: list
+  elements: dict
 comparison:
   description: Per-level changes against O(compare_to) (empty without it).
   returned: success
