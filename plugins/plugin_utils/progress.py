@@ -180,7 +180,7 @@ def progress_line(level_index: int, level_count: int, label: str, elapsed_s: Opt
     return SEP.join(parts)
 
 
-_PART_NAME = re.compile(r"^(?P<sweep>.+)__c\d+(?:__r[0-9A-Za-z.+-]+)?\.json$")
+_PART_NAME = re.compile(r"^(?P<sweep>.+)__c\d+(?:__r[0-9A-Za-z.+-]+)?(?:__rep\d+)?\.json$")
 
 
 def sweep_stem(host: str, profile: str) -> str:

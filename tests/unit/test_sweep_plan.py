@@ -103,3 +103,19 @@ def test_lines_and_the_end_table_tell_the_repeats_apart():
     assert table[0].split()[:4] == ["host", "profile", "C", "repeat"]
     assert [line.split()[3] for line in table[2:]] == ["1", "2"]
     assert progress.level_key(rows[0]) != progress.level_key(rows[1])
+
+
+def test_the_eta_reads_every_repeat_of_the_other_sweeps(tmp_path):
+    """The walls behind the ETA come from the part files' write times, repeats included (open
+    loop ones too, whose names carry a rate and a repeat)."""
+    import os
+
+    names = ["g__a__c1.json", "g__a__c2.json", "g__a__c1__rep2.json", "g__a__c2__rep2.json",
+             "g__b__c8__r2.json", "g__b__c8__r2__rep2.json"]
+    for i, name in enumerate(names):
+        path = tmp_path / name
+        path.write_text("{}")
+        os.utime(path, (1000 + 10 * i, 1000 + 10 * i))
+    walls = progress.level_walls_from_parts(str(tmp_path))
+    # sweep a: 3 gaps of 10 s between its 4 measurements; sweep b: 1 gap (its parts 10 s apart)
+    assert sorted(walls) == pytest.approx([10.0, 10.0, 10.0, 10.0])

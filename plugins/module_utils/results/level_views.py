@@ -14,6 +14,7 @@ from typing import Dict, List, Mapping, Optional
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
     level_flags, level_verdict,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.parts import row_repeat
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     COUNT, FIELD, KIND_BOOL, KIND_INT, KIND_STR, LAYOUTS, LOAD_MODE_RATE, QUANTILES, SPREAD,
     VIEW_LINE, Cell, as_bool,
@@ -129,12 +130,11 @@ def level_line(row: Mapping, repeats: Optional[int] = None) -> str:
     once says which: "repeat 2/3" when the caller knows the repeats (the llm_bench action),
     else "repeat 2" from the row alone (repeat 1 then reads as the level)."""
     where = "%s/%s %s" % (row.get("host", "?"), row.get("profile", "?"), level_label(row))
-    repeat = row.get("repeat")
-    if isinstance(repeat, int) and not isinstance(repeat, bool):
-        if repeats and repeats > 1:
-            where += " %s %d/%d" % (FIELD["repeat"].header, repeat, repeats)
-        elif repeat > 1:
-            where += " %s %d" % (FIELD["repeat"].header, repeat)
+    repeat = row_repeat(row)
+    if repeats and repeats > 1:
+        where += " %s %d/%d" % (FIELD["repeat"].header, repeat, repeats)
+    elif repeat > 1:
+        where += " %s %d" % (FIELD["repeat"].header, repeat)
     figures = ", ".join(cell_phrase(cell, row) for cell in LAYOUTS[VIEW_LINE])
     notes = [n for n in [level_verdict(row).note] + level_flags(row) if n]
     return "%s: %s" % (where, figures) + (" | " + "; ".join(notes) if notes else "")

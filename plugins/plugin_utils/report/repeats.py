@@ -37,6 +37,7 @@ Controller only (pandas).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 # Controller requirements (requirements.txt), guarded like data.py's: bench_report names what is
@@ -73,7 +74,8 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.render imp
 LEVEL_KEY = ("host", "profile", "concurrency", "load_mode", "request_rate")
 # Counts of what a level sent: summed over the repeats, not averaged.
 SUMMED = ("requests", "errors", "run_requests", "run_errors", "cancelled_tail")
-# Frame columns of the summary row that are not figures (the report's own and the identity).
+# Frame columns the summary row decides itself (the verdict of the level from its repeats'), and
+# the repeat, which it has no single value of.
 _STATE = ("usable", "verdict", "note", "flags", "repeat")
 # The summary row's own columns besides SUMMARY_FIELDS: every repeat measured, and each one's
 # output tok/s (repeat, tok/s, counted) for the repeats table.
@@ -113,6 +115,10 @@ def half_width(values: list, cis: list) -> float | None:
               if known and len(known) == len(cis) else None)
     candidates = [h for h in (spread, within) if h is not None]
     return max(candidates) if candidates else None
+
+
+def _nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 def _mean(values: list):
@@ -164,7 +170,7 @@ def _summary_row(rows: list, numeric: set, columns: list) -> dict:
         elif name == "client_limited":
             out[name] = any(bool(v) for v in values)
         elif name == "window_complete":
-            out[name] = all(bool(v) for v in values if v is not None and v == v)
+            out[name] = all(bool(v) for v in values if v is not None and not _nan(v))
         elif name in numeric:
             out[name] = _mean(values)
         else:
@@ -188,7 +194,7 @@ def _summary_row(rows: list, numeric: set, columns: list) -> dict:
         half_width(known, [finite_number(r.get("output_tok_s_ci95")) for r in counted])
         if len(counted) > 1 else finite_number(counted[0].get("output_tok_s_ci95")))
     out["repeats"] = len(counted)
-    out["output_tok_s_sd"] = (pd.Series(known).std(ddof=1) if len(known) > 1 else None)
+    out["output_tok_s_sd"] = statistics.stdev(known) if len(known) > 1 else None
     out["output_tok_s_min"] = min(known) if known else None
     out["output_tok_s_max"] = max(known) if known else None
     out[MEASURED] = len(rows)
