@@ -32,7 +32,7 @@ description:
     joule) into those files and C(levels.csv), and draws C(plots/gpu.png); without samples it
     says why in one note.
   - Two output tok/s whose difference is within their two 95% half-widths together are a tie
-    (C(~) in the tables): neither a win nor a loss. The crossover of a profile on a host is the
+    (C(~) in the tables), neither a win nor a loss. The crossover of a profile on a host is the
     first measured level at which its output tok/s falls below the baseline's beyond the
     half-widths after having been above it beyond them at a lower level; the recommendation
     names a profile over the baseline only where it wins beyond them. Levels where either
@@ -142,7 +142,7 @@ speedup:
   description:
     - One entry per (host, profile, concurrency) of every profile but the baseline, with
       C(speedup) (output tok/s over the baseline's, null without a baseline level),
-      C(profile_tok_s), C(baseline_tok_s), C(within_ci) (difference inside both 95% CIs: a tie),
+      C(profile_tok_s), C(baseline_tok_s), C(within_ci) (difference inside both 95% CIs, a tie),
       C(usable) (both levels usable) and C(note).
   returned: success
   type: list
