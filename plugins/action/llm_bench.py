@@ -85,6 +85,10 @@ class ActionModule(ActionBase):
             configs, _workload = level_configs(module_args, read_workload=False)
         except BenchOptionsError as exc:
             raise AnsibleActionFail("llm_bench: %s" % exc) from None
+        try:
+            repeats = check_repeats(args.get("repeats", 1))
+        except RepeatsError as exc:
+            raise AnsibleActionFail("llm_bench: %s" % exc) from None
         run_dir = self._results_dir(args, task_vars)
         parts_dir = os.path.join(run_dir, PARTS_DIR)
         if self._task.check_mode:
@@ -95,10 +99,6 @@ class ActionModule(ActionBase):
             result.update(changed=False, levels=[], results_dir=run_dir)
             return result
 
-        try:
-            repeats = check_repeats(args.get("repeats", 1))
-        except RepeatsError as exc:
-            raise AnsibleActionFail("llm_bench: %s" % exc) from None
         levels, warnings = [], []
         rate_mode = module_args.get("load_mode") == "rate"
         # Every level `repeats` times, in rounds (plugin_utils/sweep_plan.py says why).

@@ -104,8 +104,8 @@ class Segment:
     levels: list
     speedup_min: float | None = None
     speedup_max: float | None = None
-    # (level, profile) where a profile with a higher figure tied the baseline (is_tie): the
-    # baseline is named there
+    # (level, profile) where another profile ties the one named (is_tie); a profile that only
+    # ties the baseline is never named over it
     ties: list = field(default_factory=list)
 
 
@@ -358,11 +358,13 @@ def best_profile_segments(host_rows: pd.DataFrame, baseline: str) -> list:
             ["output_tok_s", "_is_base"], ascending=False, kind="stable"
         ).iloc[0]
         base = at_level[at_level["profile"] == baseline]
-        tied_by = None
         if not base.empty and best["profile"] != baseline and is_tie(
                 best["output_tok_s"], _half(best), base["output_tok_s"].iloc[0],
                 _half(base.iloc[0])):
-            tied_by, best = str(best["profile"]), base.iloc[0]
+            best = base.iloc[0]
+        tied_by = [str(r["profile"]) for _i, r in at_level.iterrows()
+                   if r["profile"] != best["profile"] and is_tie(
+                       r["output_tok_s"], _half(r), best["output_tok_s"], _half(best))]
         speedup = (
             float(best["output_tok_s"]) / float(base["output_tok_s"].iloc[0])
             if not base.empty and best["profile"] != baseline
@@ -374,8 +376,7 @@ def best_profile_segments(host_rows: pd.DataFrame, baseline: str) -> list:
         else:
             seg = Segment(str(best["profile"]), [int(c)])
             segments.append(seg)
-        if tied_by:
-            seg.ties.append((int(c), tied_by))
+        seg.ties += [(int(c), rival) for rival in tied_by]
         if speedup is not None:
             seg.speedup_min = speedup if seg.speedup_min is None else min(seg.speedup_min, speedup)
             seg.speedup_max = speedup if seg.speedup_max is None else max(seg.speedup_max, speedup)
@@ -607,7 +608,7 @@ def recommend(
         lead = "By output tok/s, "
     paragraph = lead + "; ".join(sentences) + "."
     paragraph += speculation_advice(crossovers, speculative, failing, records)
-    if any(seg.ties for rec in per_host for seg in rec.segments):
+    if any(seg.ties for rec in per_host for seg in rec.segments if seg.profile == baseline):
         paragraph += (f" A profile that only ties {baseline} (a difference within the two 95% "
                       f"half-widths) is not named over it: {baseline} is the simpler server to "
                       "run.")
