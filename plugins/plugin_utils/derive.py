@@ -29,6 +29,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.spec_sched
     speculation_max_batch,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import repeats
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import load_levels
 
 KINDS = ("schedule", "router")
@@ -76,6 +77,8 @@ def _profile(profiles: list, name: str) -> dict:
 
 def measured_crossover(results_dir: str, host: str, baseline: str, source: str):
     levels, _warnings = load_levels(results_dir)
+    # One row per level, as the report concludes from: the mean of its repeats (bench_repeats).
+    levels = repeats.summarise(levels)
     rows = levels[levels["host"] == host]
     for cross in analysis.compute_crossover(rows, baseline):
         if cross.profile == source:

@@ -286,3 +286,15 @@ def test_report_files_show_the_spread_and_keep_every_repeat(tmp_path):
     assert part_stem({"host": "h1", "profile": "eagle3", "concurrency": 1, "repeat": 2}) == (
         "h1__eagle3__c1__rep2")
     assert "plots/ttft_cdf.png" in summary
+
+
+def test_a_derived_profile_is_derived_from_the_crossover_of_the_means(tmp_path):
+    """bench_derive reads the run's crossover as the report finds it: on each level's mean."""
+    from ansible_collections.servelab.serving.plugins.plugin_utils.derive import measured_crossover
+
+    cross = measured_crossover(write_run(tmp_path / "run", 3, low_gain=1.2), "h1", "baseline",
+                               "eagle3")
+    assert cross.status == "crossed" and cross.bracket == [2, 4]
+    cross = measured_crossover(write_run(tmp_path / "tie", 3, low_gain=1.0), "h1", "baseline",
+                               "eagle3")
+    assert cross.status == "never_won" and cross.tied_at == [1, 2]
