@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
     finite_number,
+    is_tie,
     level_ranges,
 )
 
@@ -92,8 +93,9 @@ def _rows(levels, host: str, profile: str) -> dict:
 
 
 def _beyond(gap_from, gap_to, ci_a, ci_b) -> bool:
-    """gap_to is below gap_from by more than the two CIs together (a missing CI counts as 0)."""
-    return gap_from - gap_to > (ci_a or 0.0) + (ci_b or 0.0)
+    """gap_to is clearly below gap_from: lower and no tie by the report's one rule
+    (analysis.is_tie; without a half-width the sign decides)."""
+    return gap_to < gap_from and not is_tie(gap_to, ci_a, gap_from, ci_b)
 
 
 def compare_level(c: int, d, s, b, source: str, baseline: str) -> DerivedLevel:
