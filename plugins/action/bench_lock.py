@@ -41,14 +41,17 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        for internal in ("controller", "take_over", "release"):
+        for internal in ("controller", "take_over", "release", "inventory_host"):
             if self._task.args.get(internal):
                 raise AnsibleActionFail("bench_lock: %s is filled in by the action plugin; leave "
                                         "it out of the task" % internal)
         me = this_controller(args.get("owner_pid"))
+        # The inventory host the locks are for: one run holds locks for each of its GPU servers,
+        # and two of them may share a machine (their records must stay apart).
         host = str(self._task.delegate_to or task_vars.get("inventory_hostname") or "the host")
         base = {k: args[k] for k in ("run_id", "state_dir", "port", "lock_dir")
                 if args.get(k) is not None}
+        base["inventory_host"] = host
         run_id, state = args["run_id"], args["state"]
         result.update(run_id=run_id, state=state, controller=dataclasses.asdict(me),
                       changed=False, warnings=[])
@@ -86,7 +89,7 @@ class ActionModule(ActionBase):
         would_hold = False
         res = self._call(task_vars, base, state="held")
         records = [self._record(r, r.get("path", "")) for r in res.get("records") or []]
-        mine = [r for r in records if ours(r, run_id, me)]
+        mine = [r for r in records if ours(r, run_id, me, host)]
         if state == "held" and (args.get("state_dir") or args.get("port") is not None):
             # The role checks before each reap: a run whose lock was broken must not touch the
             # state directory or port again (the servers there are the other run's now).
@@ -97,7 +100,7 @@ class ActionModule(ActionBase):
                     # run would hold.
                     would_hold = True
                     continue
-                if holder is None or not ours(holder, run_id, me):
+                if holder is None or not ours(holder, run_id, me, host):
                     by = holder.describe() if holder else "nobody (it was released)"
                     raise AnsibleActionFail(
                         "bench_lock: run %s no longer holds %s: it is held by %s. This run stops "
@@ -113,7 +116,7 @@ class ActionModule(ActionBase):
         self._describe_mine(result, res, run_id, me, records=mine if state != "released" else [])
         result["protect_pids"] = protect_pids(
             [self._record(r, r.get("path", "")) for r in res.get("records") or []],
-            res.get("servers") or [], run_id, me, result["state_dirs"])
+            res.get("servers") or [], run_id, me, result["state_dirs"], host)
         return result
 
     @staticmethod

@@ -27,8 +27,9 @@ description:
     them) and returns RV(protect_pids), the servers of the other live runs on this machine, which
     a reap must spare. Without O(state_dir) and O(port) (the interrupt cleanup): returns the
     run's own locks, state directories and recorded servers, and does not fail."
-  - "O(state=released): removes the records this run holds (every one of O(run_id) on this
-    machine: its port records and the state directories they name)."
+  - "O(state=released): removes the records this run holds for this inventory host (every one
+    of O(run_id) on this machine taken for it: its port records and the state directories they
+    name; another GPU server of the run on the same machine keeps its own)."
   - The controller side is the action plugin (the controller identity is filled in there; a
     holder's liveness is judged there, where its pid means something).
 version_added: "0.2.0"
@@ -81,6 +82,15 @@ options:
     type: list
     elements: dict
     default: []
+  inventory_host:
+    description:
+      - The inventory host the locks are taken for (the task's host, or the one it is delegated
+        to). Filled in by the action plugin.
+      - One run holds locks for each of its GPU servers; a record this run took for another
+        inventory host (two GPU servers on one machine with the same state directory or port) is
+        a conflict, not this host's own.
+    type: str
+    default: ""
 attributes:
   check_mode:
     support: full
@@ -178,6 +188,7 @@ ARGUMENT_SPEC = dict(
     controller=dict(type="dict"),
     take_over=dict(type="list", elements="str", default=[]),
     release=dict(type="list", elements="dict", default=[]),
+    inventory_host=dict(type="str", default=""),
 )
 
 
@@ -204,7 +215,8 @@ def main():
                 lock_dir, resources(params, lock_dir), params["run_id"],
                 lock.Controller.from_dict(params["controller"]),
                 state_dir=lock.real_dir(params["state_dir"]) if params["state_dir"] else None,
-                port=params["port"], take_over=params["take_over"], check_mode=module.check_mode)
+                port=params["port"], take_over=params["take_over"],
+                inventory_host=params["inventory_host"], check_mode=module.check_mode)
             result["acquired"] = [r.as_dict() for r in outcome.acquired]
             result["taken_over"] = [r.as_dict() for r in outcome.taken_over]
             result["conflicts"] = [dict(resource=c.resource, path=c.path, holder=c.holder.as_dict())

@@ -58,10 +58,14 @@ def judge(conflicts: Iterable[tuple], me: Controller, break_lock: bool, host: st
     decision = Decision()
     live: dict = {}
     foreign: dict = {}
+    siblings: dict = {}
     for resource, holder in conflicts:
         what = describe_resource(resource, host)
         state = holder_state(holder.controller, me)
-        if state == LIVE:
+        if holder.controller.same_process(me):
+            # This very run took it for another of its hosts: two inventory hosts on one machine.
+            siblings.setdefault(holder.inventory_host or "another host", []).append(what)
+        elif state == LIVE:
             live.setdefault(holder.describe(), (holder, []))[1].append(what)
         elif state == STALE:
             decision.take_over.append(holder.token)
@@ -81,6 +85,11 @@ def judge(conflicts: Iterable[tuple], me: Controller, break_lock: bool, host: st
             "run to end, or stop it (Ctrl-C, or kill %d: it stops its servers and writes its "
             "report), or give this run another bench_state_dir and bench_server_port"
             % (_joined(what), "is" if len(what) == 1 else "are", name, holder.controller.pid))
+    for other, what in siblings.items():
+        decision.refusals.append(
+            "%s %s also used by %s in this same run: the two share one machine. Give each GPU "
+            "server on a machine its own bench_state_dir and bench_server_port (host_vars)"
+            % (_joined(what), "is" if len(what) == 1 else "are", other))
     for name, (holder, what) in foreign.items():
         decision.refusals.append(
             "%s %s held by %s, started from another controller (%s), whose liveness cannot be "
@@ -89,27 +98,40 @@ def judge(conflicts: Iterable[tuple], me: Controller, break_lock: bool, host: st
     return decision
 
 
-def ours(record: LockRecord, run_id: str, me: Controller) -> bool:
-    """A record of `run_id` that this controller process may act on: its own, or a stale one of
-    the same run (the interrupt cleanup run by hand after its ansible-playbook was killed)."""
-    if record.run_id != run_id:
+def _same_host(record: LockRecord, inventory_host: Optional[str]) -> bool:
+    """The record was taken for `inventory_host` (None: any host of the run; a record without a
+    host name is the whole run's)."""
+    return inventory_host is None or record.inventory_host in ("", inventory_host)
+
+
+def ours(record: LockRecord, run_id: str, me: Controller,
+         inventory_host: Optional[str] = None) -> bool:
+    """A record of `run_id` (for `inventory_host`) that this controller process may act on: its
+    own, or a stale one of the same run (the interrupt cleanup run by hand after its
+    ansible-playbook was killed)."""
+    if record.run_id != run_id or not _same_host(record, inventory_host):
         return False
     return record.controller.same_process(me) or holder_state(record.controller, me) == STALE
 
 
-def others_alive(record: LockRecord, run_id: str, me: Controller) -> bool:
-    """A record of another run that may still be running (live here, or on another controller)."""
+def others_alive(record: LockRecord, run_id: str, me: Controller,
+                 inventory_host: Optional[str] = None) -> bool:
+    """A record of another run that may still be running (live here, or on another controller),
+    or of this same run for another of its hosts on this machine."""
     if record.run_id == run_id and record.controller.same_process(me):
-        return False
+        return not _same_host(record, inventory_host)
     return holder_state(record.controller, me) in (LIVE, FOREIGN)
 
 
 def protect_pids(records: Sequence[LockRecord], servers: Sequence[dict], run_id: str,
-                 me: Controller, own_state_dirs: Sequence[str] = ()) -> List[int]:
-    """Pids of the servers recorded in the state directories of the other live runs: a reap of
-    this run must spare them (and their descendants). A state directory this run holds is never
-    another run's (the state-directory lock), so it is left out even if a stale record names it."""
-    theirs = {r.state_dir for r in records if r.state_dir and others_alive(r, run_id, me)}
+                 me: Controller, own_state_dirs: Sequence[str] = (),
+                 inventory_host: Optional[str] = None) -> List[int]:
+    """Pids of the servers recorded in the state directories of the other live runs (and of this
+    run's other hosts on the same machine): a reap for `inventory_host` must spare them (and
+    their descendants). A state directory this host holds is never another's (the
+    state-directory lock), so it is left out even if a stale record names it."""
+    theirs = {r.state_dir for r in records
+              if r.state_dir and others_alive(r, run_id, me, inventory_host)}
     theirs -= set(own_state_dirs)
     pids = set()
     for entry in servers:

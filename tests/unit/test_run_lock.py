@@ -212,3 +212,59 @@ def test_protect_pids_names_the_servers_of_other_live_runs_only(tmp_path, sleepe
     servers["other"].wait(10)
     seen = lock.survey(lock_dir)
     assert run_locks.protect_pids(records, seen["servers"], "run-me", me) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# One run, several GPU servers: two inventory hosts that share a machine (two hosts on one box,
+# the fleet test's network namespaces) must keep their records, releases and reaps apart.
+
+
+def test_two_hosts_of_one_run_on_one_machine_cannot_share_a_state_dir_or_port(tmp_path, sleeper):
+    lock_dir, res = resources(tmp_path)
+    me = controller_of(sleeper().pid)
+    first = lock.acquire(lock_dir, res, "run-a", me, inventory_host="gpu-a")
+    assert len(first.written) == 2 and {r.inventory_host for r in first.acquired} == {"gpu-a"}
+    # gpu-a again: its own records, kept.
+    again = lock.acquire(lock_dir, res, "run-a", me, inventory_host="gpu-a")
+    assert not again.conflicts and not again.written
+    # gpu-b of the very same run and controller process: a conflict, nothing written.
+    other = lock.acquire(lock_dir, res, "run-a", me, inventory_host="gpu-b")
+    assert [c.holder.inventory_host for c in other.conflicts] == ["gpu-a", "gpu-a"]
+    assert not other.written
+    decision = run_locks.judge([(c.resource, c.holder) for c in other.conflicts], me, False, "gpu-b")
+    assert not decision.take_over and len(decision.refusals) == 1
+    refusal = decision.refusals[0]
+    assert "also used by gpu-a in this same run" in refusal
+    assert "bench_state_dir" in refusal and "bench_server_port" in refusal
+    # Not even bench_break_lock takes a live sibling's record.
+    assert run_locks.judge([(c.resource, c.holder) for c in other.conflicts], me, True,
+                           "gpu-b").refusals
+
+
+def test_a_host_acts_on_its_own_records_and_spares_its_siblings_servers(tmp_path, sleeper):
+    lock_dir = str(tmp_path / "locks")
+    me = controller_of(os.getpid())
+    dirs = {h: str(tmp_path / h) for h in ("gpu-a", "gpu-b")}
+    servers = {}
+    for port, (host, d) in enumerate(sorted(dirs.items()), start=1):
+        servers[host] = sleeper()
+        info = read_process(servers[host].pid, stat_only=True)
+        _server_state(d, "servelab-baseline", servers[host].pid, info.start_time)
+        lock.acquire(lock_dir, [lock.state_dir_resource(d), lock.port_resource(lock_dir, port)],
+                     "run-me", me, state_dir=lock.real_dir(d), port=port, inventory_host=host)
+    seen = lock.survey(lock_dir)
+    records = [lock.LockRecord.from_dict(r, r["path"]) for r in seen["records"]]
+    mine = [r for r in records if run_locks.ours(r, "run-me", me, "gpu-a")]
+    assert {r.inventory_host for r in mine} == {"gpu-a"} and len(mine) == 2
+    # Without a host (the whole run: the controller's view) every record is the run's.
+    assert len([r for r in records if run_locks.ours(r, "run-me", me)]) == 4
+    # gpu-a's reap spares gpu-b's server, and gpu-b's spares gpu-a's.
+    own_a = [lock.real_dir(dirs["gpu-a"])]
+    assert run_locks.protect_pids(records, seen["servers"], "run-me", me, own_a,
+                                  "gpu-a") == [servers["gpu-b"].pid]
+    assert run_locks.protect_pids(records, seen["servers"], "run-me", me,
+                                  [lock.real_dir(dirs["gpu-b"])], "gpu-b") == [servers["gpu-a"].pid]
+    # gpu-a releasing its records leaves gpu-b's in place.
+    lock.release(lock_dir, [(r.path, r.token) for r in mine])
+    left = [lock.LockRecord.from_dict(r, r["path"]) for r in lock.survey(lock_dir)["records"]]
+    assert {r.inventory_host for r in left} == {"gpu-b"} and len(left) == 2

@@ -20,6 +20,11 @@ on the controller (holder_state; the bench_lock and bench_run action plugins): a
 by this same controller machine in this boot whose pid still runs with the same start time holds
 the lock; one whose process is gone is stale and may be taken over; one from another controller
 machine cannot be checked from here and holds the lock unless the user breaks it.
+
+Within one run, a record also names the inventory host it was taken for (`inventory_host`): two
+GPU servers of the same run that turn out to share a machine (two inventory hosts on one box, the
+test's network namespaces) must not both "hold" one state directory or port, release each
+other's records, or reap each other's servers.
 """
 from __future__ import annotations
 
@@ -115,6 +120,9 @@ class LockRecord:
     host: str = ""                    # the machine that holds the record
     state_dir: Optional[str] = None   # the run's server state directory on that machine
     port: Optional[int] = None
+    # The inventory host the run took it for ("" for the controller's run-id record): one run
+    # benchmarks many hosts, and two of them may share a machine.
+    inventory_host: str = ""
     path: str = ""                    # where the record is (not stored in the file)
 
     def as_dict(self) -> dict:
@@ -133,7 +141,15 @@ class LockRecord:
                             "is using this machine" % (path or "lock record", exc)) from None
 
     def describe(self) -> str:
-        return "run %s (%s, since %s)" % (self.run_id, self.controller.describe(), self.created)
+        who = " for %s" % self.inventory_host if self.inventory_host else ""
+        return "run %s%s (%s, since %s)" % (self.run_id, who, self.controller.describe(),
+                                            self.created)
+
+    def held_for(self, run_id: str, controller: Controller, inventory_host: str) -> bool:
+        """This very run and controller process, for this inventory host: the record is the
+        caller's own (a record without a host name is the whole run's)."""
+        return (self.run_id == run_id and self.controller.same_process(controller)
+                and self.inventory_host in ("", inventory_host))
 
 
 @dataclass
@@ -266,10 +282,10 @@ def run_resource(lock_dir: str, run_id: str) -> Tuple[str, str]:
 
 
 def new_record(run_id: str, resource: str, controller: Controller, *, state_dir=None,
-               port=None, path: str = "") -> LockRecord:
+               port=None, inventory_host: str = "", path: str = "") -> LockRecord:
     return LockRecord(run_id=run_id, resource=resource, controller=controller,
                       token=uuid.uuid4().hex, created=utc_now(), host=socket.gethostname(),
-                      state_dir=state_dir, port=port, path=path)
+                      state_dir=state_dir, port=port, inventory_host=inventory_host, path=path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,13 +295,15 @@ def new_record(run_id: str, resource: str, controller: Controller, *, state_dir=
 def acquire(lock_dir: str, resources: Sequence[Tuple[str, str]], run_id: str,
             controller: Controller, *, state_dir: Optional[str] = None,
             port: Optional[int] = None, take_over: Sequence[str] = (),
-            check_mode: bool = False) -> AcquireResult:
-    """Take every (resource, path) for `run_id`, or none of them.
+            inventory_host: str = "", check_mode: bool = False) -> AcquireResult:
+    """Take every (resource, path) for `run_id` (on behalf of `inventory_host`), or none of them.
 
-    A record of this very run and controller process is kept as it is (running the lock task
-    twice is harmless). A record whose token is in `take_over` (judged stale or broken by the
-    caller) is replaced. Any other existing record is a conflict: then nothing is written and the
-    caller decides (holder_state) whether to try again with its token in `take_over`."""
+    A record of this very run, controller process and inventory host is kept as it is (running
+    the lock task twice is harmless). A record whose token is in `take_over` (judged stale or
+    broken by the caller) is replaced. Any other existing record is a conflict, also one of this
+    same run taken for another inventory host (two hosts of the run on one machine): then nothing
+    is written and the caller decides (holder_state) whether to try again with its token in
+    `take_over`."""
     result = AcquireResult()
     if check_mode:
         # Read only: no lock directory, no guard file, nothing written anywhere.
@@ -297,7 +315,7 @@ def acquire(lock_dir: str, resources: Sequence[Tuple[str, str]], run_id: str,
         plan = []
         for resource, path in resources:
             holder = read_record(path)
-            if holder is not None and holder.run_id == run_id and holder.controller.same_process(controller):
+            if holder is not None and holder.held_for(run_id, controller, inventory_host):
                 result.acquired.append(holder)
             elif holder is not None and holder.token not in take_over:
                 result.conflicts.append(Conflict(resource, path, holder))
@@ -307,7 +325,7 @@ def acquire(lock_dir: str, resources: Sequence[Tuple[str, str]], run_id: str,
             return result
         for resource, path, holder in plan:
             record = new_record(run_id, resource, controller, state_dir=state_dir, port=port,
-                                path=path)
+                                inventory_host=inventory_host, path=path)
             _publish(path, record, replace=holder is not None)
             result.acquired.append(record)
             result.written.append(record)
