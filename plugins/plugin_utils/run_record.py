@@ -250,6 +250,15 @@ def failed_profiles(manifest: dict) -> List[dict]:
                                         "did not finish (status %s)" % status)
         out.append({"profile": profile, "host": host, "status": status or "missing",
                     "error": error, "failed_task": record.get("failed_task") or ""})
+    # A GPU server of the run that recorded nothing (it failed or went unreachable before its
+    # first profile, e.g. gathering its GPU facts): named too, or only Ansible's recap would.
+    seen = set(planned) | {h for _p, h in pairs}
+    listed = manifest.get("gpu_servers") if isinstance(manifest.get("gpu_servers"), list) else []
+    for host in sorted({str(h) for h in listed} - seen):
+        out.append({"profile": "*", "host": host, "status": "missing",
+                    "error": "no profile started: the host failed or was unreachable before "
+                             "its first profile (the play's output names the task)",
+                    "failed_task": ""})
     return out
 
 

@@ -154,6 +154,21 @@ def test_failed_profiles_are_failures_and_unfinished_planned_ones(tmp_path):
         ("eagle3", "failed", "died"), ("v2", "missing", "never started")]
 
 
+def test_a_gpu_server_that_recorded_nothing_is_named_among_the_failures():
+    # gpu2 failed (or went unreachable) before its first profile; gpu1's own failure is its own.
+    manifest = {
+        "gpu_servers": ["gpu1", "gpu2"],
+        "hosts": {"gpu1": {"bench": {"profiles": ["baseline"]}}},
+        "profiles": {"baseline": {"gpu1": {"status": "finished"}}},
+    }
+    out = run_record.failed_profiles(manifest)
+    assert [(p["host"], p["profile"], p["status"]) for p in out] == [("gpu2", "*", "missing")]
+    assert "before its first profile" in out[0]["error"]
+    manifest["hosts"]["gpu2"] = {"bench": {"profiles": ["baseline"]}}
+    manifest["profiles"]["baseline"]["gpu2"] = {"status": "finished"}
+    assert run_record.failed_profiles(manifest) == []
+
+
 def test_the_policy_is_the_manifests_word(tmp_path):
     run_dir = str(tmp_path / "r1")
     assert run_record.finished_levels_policy(run_dir) is None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import distributions
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import fleet
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule_plot
@@ -54,7 +55,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
 from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, run_lock
 
 PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png", "pareto.png",
-              "ttft_cdf.png", "itl_cdf.png", "rate.png", "gpu.png")
+              "ttft_cdf.png", "itl_cdf.png", "rate.png", "gpu.png", fleet.FLEET_PLOT)
 
 __all__ = ["ReportError", "ReportResult", "build_report", "write_report"]
 
@@ -81,6 +82,9 @@ class ReportResult:
     derived: list = field(default_factory=list)
     # repeats.LevelSpread as dicts, per level, when some level was measured more than once
     repeats: list = field(default_factory=list)
+    # A run over several GPU servers: the fleet table, the hosts that disagree, the hosts that
+    # failed (report/fleet.py FleetView.as_dict); None for one host.
+    fleet: dict | None = None
 
     def as_result(self) -> dict:
         """What the action returns: everything but the file bytes and the telemetry by level,
@@ -215,6 +219,8 @@ def build_report(
         derived=derived,
     )
     content.sections += repeats.sections(content)
+    fleet_view = fleet.fleet_view(levels, run.manifest, baseline)
+    content.sections += fleet.fleet_sections(fleet_view)
 
     if with_plots:
         badge = analysis.time_scale_badge(context.records, measured)
@@ -240,6 +246,7 @@ def build_report(
             "rate.png": plots.plot_rate(run.rate_levels, baseline, badge),
             "gpu.png": plots.plot_gpu(levels, baseline, badge),
             "derived.png": schedule_plot.plot_derived(derived, badge),
+            fleet.FLEET_PLOT: fleet.plot_fleet(fleet_view, badge),
         }
         content.plots = {name: png for name, png in figures.items() if png}
 
@@ -270,6 +277,7 @@ def build_report(
         telemetry=gpu_figures,
         derived=schedule.derived_result(derived),
         repeats=[dataclasses.asdict(s) for s in repeats.spreads(content)],
+        fleet=fleet_view.as_dict() if fleet_view is not None else None,
     )
 
 

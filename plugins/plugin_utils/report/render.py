@@ -57,6 +57,7 @@ PLOT_TITLES = {
     "gpu.png": "GPU telemetry: SM utilisation, power and tokens per joule vs concurrency",
     "rate.png": "Open loop: throughput and TTFT vs offered request rate",
     "derived.png": "Derived profile (speculation by load) beside the static ones and their envelope",
+    "fleet.png": "Fleet: output tok/s per host, and summed over the hosts",
     "comparison.png": "Change against the earlier run",
 }
 
