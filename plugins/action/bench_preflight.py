@@ -18,6 +18,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.servelab.serving.plugins.modules.bench_preflight import ARGUMENT_SPEC
 from ansible_collections.servelab.serving.plugins.plugin_utils import preflight as pf
+from ansible_collections.servelab.serving.plugins.plugin_utils.fleet_checks import same_machine
 
 try:   # ansible-core 2.19's data tags say which file and line a value came from
     from ansible._internal._datatag._tags import Origin
@@ -151,6 +152,20 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("bench_preflight: no options in %s" % pf.ROLE_SPEC_FILE)
         inventory_hosts = [str(h) for h in hostvars]
         inputs = [self._host_input(str(h), hostvars, defaults, task_vars) for h in args["hosts"]]
+        connections = {}
+
+        def connection_of(name):
+            # The implicit localhost (not in the inventory) is a local connection.
+            if name not in connections:
+                raw = hostvars.raw_get(name) if name in inventory_hosts else {}
+                connections[name] = str(raw.get("ansible_connection") or (
+                    "local" if name == "localhost" and name not in inventory_hosts else ""))
+            return connections[name] or None
+
+        for inp in inputs:
+            client = inp.values.get("bench_client")
+            if isinstance(client, str) and client:
+                inp.client_is_local = same_machine(inp.host, client, connection_of)
         me = str(task_vars.get("inventory_hostname", "localhost"))
         controller = self._host_input(me, hostvars, {}, task_vars)
         report = pf.run_preflight(inputs, options, inventory_hosts, controller=controller)

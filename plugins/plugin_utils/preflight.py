@@ -69,6 +69,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import
     RepeatsError,
     check_repeats,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.fleet_checks import client_problems
 
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_DIR = os.path.join(COLLECTION_ROOT, "roles", "bench")
@@ -170,6 +171,8 @@ class HostInput:
     given: Tuple[str, ...] = ()                               # bench_* names the host has set
     origins: Dict[str, str] = field(default_factory=dict)     # name (or name[i]) -> file:line
     errors: Dict[str, str] = field(default_factory=dict)      # name -> templating error
+    # Whether its bench_client is this host's machine (fleet_checks.same_machine; None: unknown).
+    client_is_local: Optional[bool] = None
 
 
 @dataclass
@@ -772,6 +775,9 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
     _check_numbers(inp, add)
     _check_slo(inp, add)
     _check_misc(inp, inventory_hosts, add)
+    for name, message in client_problems(inp.host, inp.values, inp.client_is_local):
+        if name not in flagged:
+            add(name, message)
     workload = _check_workload(inp, add, targets) if "bench_workload" not in flagged else None
     count, model, external_url = (0, None, None)
     if "bench_profiles" not in flagged and "bench_engine" not in inp.errors:
