@@ -180,3 +180,73 @@ def test_level_cpu_marks_and_window_figures():
 def test_automatic_processes_leave_a_cpu_to_the_rest(monkeypatch, cpus, concurrency, expected):
     monkeypatch.setattr(lv, "usable_cpus", lambda: cpus)
     assert lv.auto_processes(concurrency) == expected
+
+
+SIBLING_STANDIN = textwrap.dedent("""\
+    # A stand-in 'ansible-playbook' whose other worker runs a second sweep's load generator (a
+    # second GPU server benchmarked from this same bench client): it names itself as one, forks a
+    # busy client process (which inherits the name), and the measured "module" runs beside it.
+    import os, subprocess, sys, time
+    sys.path.insert(0, %r)
+    import collection_link
+    collection_link.importable()
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen import cpu
+    ready_r, ready_w = os.pipe()
+    sibling = os.fork()
+    if sibling == 0:
+        cpu.mark_load_generator()
+        client = os.fork()
+        if client == 0:
+            end = time.monotonic() + 60
+            while time.monotonic() < end and os.getppid() != 1:
+                pass
+            os._exit(0)
+        os.write(ready_w, b"%%d\\n" %% client)
+        os.waitpid(client, 0)
+        os._exit(0)
+    client = int(os.read(ready_r, 64))
+    try:
+        module = subprocess.run(["/bin/sh", "-c", sys.argv[1]], capture_output=True, text=True)
+        sys.stdout.write(module.stdout)
+        sys.stderr.write(module.stderr)
+        print('{"sibling": %%d, "client": %%d, "top": %%d}' %% (sibling, client, os.getpid()))
+    finally:
+        os.kill(client, 9)
+        os.waitpid(sibling, 0)
+""") % os.path.join(REPO, "tools")
+
+SIBLING_MODULE = textwrap.dedent("""\
+    import json, os, sys, time
+    sys.path.insert(0, %r)
+    import collection_link
+    collection_link.importable()
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen import cpu
+    cpu.mark_load_generator()
+    pids = cpu.ansible_pids()
+    before = cpu.processes_cpu_ns(pids)
+    time.sleep(0.5)
+    with open("/proc/self/comm") as fh:
+        comm = fh.read().strip()
+    print(json.dumps({"me": os.getpid(), "pids": pids, "comm": comm,
+                      "others": cpu.other_load_generators(),
+                      "shared_with": cpu.LevelCpu().shared_with,
+                      "used_s": (cpu.processes_cpu_ns(pids) - before) / 1e9}))
+""") % os.path.join(REPO, "tools")
+
+
+def test_another_sweep_on_a_shared_client_is_not_ansibles_cpu_and_is_counted(tmp_path):
+    standin = tmp_path / "ansible-playbook"
+    standin.write_text(SIBLING_STANDIN)
+    module = tmp_path / "AnsiballZ_llm_bench.py"
+    module.write_text(SIBLING_MODULE)
+    done = subprocess.run([sys.executable, str(standin), "%s %s" % (sys.executable, module)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    seen, family = lines[0], lines[1]
+    assert seen["comm"] == cpumod.LOADGEN_COMM
+    assert seen["pids"][0] == family["top"]
+    # The other sweep and its busy client process: not Ansible's, whatever CPU they burn.
+    assert family["sibling"] not in seen["pids"] and family["client"] not in seen["pids"]
+    assert seen["used_s"] < 0.2
+    # Counted as one other sweep (its client process is part of it, not another one).
+    assert seen["others"] == [family["sibling"]] and seen["shared_with"] == 1

@@ -10,8 +10,14 @@ Beside the clients, two more consumers share the machine: this module process (t
 loop, the /metrics sampler) and, when Ansible runs on the bench client itself (the embedded
 default, a controller benchmarking a remote server), Ansible's own processes. Ansible is found as
 the topmost ancestor whose command is an ansible-* program; its processes are that one and all
-its descendants except this process's own subtree. Their CPU (utime + stime + the waited-for
-children's) is read from /proc at the level's start, window start, window end and end.
+its descendants except this process's own subtree and any other load generator's. Their CPU
+(utime + stime + the waited-for children's) is read from /proc at the level's start, window
+start, window end and end.
+
+A bench client may serve several GPU servers at once (bench.yml over a fleet, one bench_client
+for many servers): each sweep's load generator names itself LOADGEN_COMM (its client processes
+inherit the name), so another sweep's is neither counted as Ansible's CPU nor missed: the level
+says how many others shared the client (`shared_with`).
 
 Standard library only: shipped to targets with the load generator.
 """
@@ -57,16 +63,50 @@ def _is_ansible(info: ProcInfo) -> bool:
     return False
 
 
+# The name (/proc/<pid>/comm, 15 characters at most) a load generator gives itself while it runs
+# a level; the client processes it forks inherit it.
+LOADGEN_COMM = "servelab-load"
+
+
+def mark_load_generator(proc_root: str = PROC) -> None:
+    """Name this process LOADGEN_COMM (Linux; elsewhere nothing happens): another sweep on this
+    machine then knows it for a load generator, not one of Ansible's processes."""
+    try:
+        with open(os.path.join(proc_root, "self", "comm"), "w", encoding="ascii") as fh:
+            fh.write(LOADGEN_COMM)
+    except OSError:
+        pass
+
+
+def _is_load_generator(table: dict, pid: int) -> bool:
+    info = table.get(pid)
+    return info is not None and info.comm == LOADGEN_COMM
+
+
 def ansible_pids(proc_root: str = PROC, me: Optional[int] = None) -> List[int]:
-    """Ansible's processes on this machine that run us, without our own subtree; [] when no
-    ancestor is Ansible (it runs on another machine, or this is a plain Python caller)."""
+    """Ansible's processes on this machine that run us, without our own subtree nor another
+    load generator's (a sibling sweep on a shared bench client); [] when no ancestor is Ansible
+    (it runs on another machine, or this is a plain Python caller)."""
     me = os.getpid() if me is None else me
     table = scan_processes(proc_root)
     tops = [pid for pid in ancestors(me, table) if pid in table and _is_ansible(table[pid])]
     if not tops:
         return []
     top = tops[-1]
-    return [top] + descendants(top, children_map(table), prune=lambda pid: pid == me)
+    return [top] + descendants(top, children_map(table),
+                               prune=lambda pid: pid == me or _is_load_generator(table, pid))
+
+
+def other_load_generators(proc_root: str = PROC, me: Optional[int] = None) -> List[int]:
+    """The other sweeps' load generators running on this machine now (the processes named
+    LOADGEN_COMM whose parent is not one: the sweeps, not their client processes), outside this
+    process's own subtree."""
+    me = os.getpid() if me is None else me
+    table = scan_processes(proc_root)
+    mine = set(descendants(me, children_map(table))) | {me}
+    return sorted(pid for pid, info in table.items()
+                  if pid not in mine and info.comm == LOADGEN_COMM and not info.gone
+                  and not _is_load_generator(table, info.ppid))
 
 
 def processes_cpu_ns(pids: Sequence[int], proc_root: str = PROC) -> int:
@@ -109,6 +149,8 @@ class LevelCpu:
     def __init__(self, proc_root: str = PROC):
         self.proc_root = proc_root
         self.ansible = ansible_pids(proc_root)
+        # Other sweeps on this bench client, at the start and the end of the level.
+        self.others = set(other_load_generators(proc_root))
         self.children_start = children_cpu_ns()
         self.start = self.snapshot()
         self.ws: Optional[CpuSnapshot] = None
@@ -132,6 +174,13 @@ class LevelCpu:
         """After the client processes were reaped."""
         self.end = self.snapshot()
         self.children_end = children_cpu_ns()
+        self.others |= set(other_load_generators(self.proc_root))
+
+    @property
+    def shared_with(self) -> int:
+        """How many other sweeps' load generators ran on this machine during the level (seen at
+        its start or its end)."""
+        return len(self.others)
 
     # -- figures ----------------------------------------------------------------------------
 

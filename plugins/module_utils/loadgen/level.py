@@ -54,7 +54,9 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import LevelCpu, usable_cpus
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import (
+    LevelCpu, mark_load_generator, usable_cpus,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
     APIS, RX_KERNEL, RX_MODES, RX_USER, Endpoint, RxStats, adopt_socket, http_get, new_socket,
     open_connection, request_body,
@@ -892,6 +894,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     shm_map = mmap.mmap(-1, 8 * (G_SLOTS + C_SLOTS * nproc))
     shm = memoryview(shm_map).cast("q")
     ctx = _fork_context()
+    mark_load_generator()   # before the fork: the client processes carry the name too
     controller = _Controller(cfg, shm, nproc)
     sampler = None
     warnings: List[str] = []
@@ -1009,6 +1012,11 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             why = ("arrival sender priority: %s; real-time priority (root or CAP_SYS_NICE) lets "
                    "it send on time on a busy machine" % ", ".join(priorities))
         warnings.append("C=%d: send lateness p99 %.2f ms (%s)" % (c, late, why))
+    if cpu.shared_with:
+        warnings.append(
+            "C=%d: the bench client ran %d other sweep(s) at the same time (other GPU servers "
+            "benchmarked from it): they share its %d CPU(s); check client CPU and loop lag" % (
+                c, cpu.shared_with, usable_cpus()))
     if row.client_limited:
         warnings.append(
             "C=%d: client-limited (client CPU %.0f%% of a core, loop lag p99 %s ms): add client "
