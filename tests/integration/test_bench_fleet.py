@@ -20,8 +20,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -35,7 +37,16 @@ from fleetnet import SERVERS, FleetNet, FleetNetUnavailable, ensure_sshd  # test
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 RUN_ID = "fleet-run"
-PORTS = {"gpu-a": 30101, "gpu-b": 30102}
+
+
+def _unlocked_ports(count: int) -> list:
+    """Ports no run on this machine holds a lock record for (the lock directory is shared by the
+    namespaces, like any machine-wide directory); the servers listen in the namespaces."""
+    lock_dir = os.path.join(tempfile.gettempdir(), "servelab-locks")
+    taken = set(os.listdir(lock_dir)) if os.path.isdir(lock_dir) else set()
+    start = 30100 + os.getpid() % 500 * 2
+    return [p for p in range(start, start + 100) if "port-%d.json" % p not in taken][:count]
+
 LEVELS = [1, 2]
 # gpu-b's simulator runs its model 4x faster than gpu-a's: the same profile, hosts that disagree.
 SCALE = {"gpu-a": 20, "gpu-b": 80}
@@ -78,7 +89,7 @@ def simulator(profile: str, host: str) -> dict:
     return {"name": profile, "simulator": {"profile": profile, "time_scale": SCALE[host]}}
 
 
-def inventory(net: FleetNet, tmp_path) -> dict:
+def inventory(net: FleetNet, tmp_path, ports: dict) -> dict:
     state = {h: str(tmp_path / ("state-" + h)) for h in SERVERS}
     servers = {}
     for host in SERVERS:
@@ -87,7 +98,7 @@ def inventory(net: FleetNet, tmp_path) -> dict:
             # Reached from the client over the data network only; listening there only.
             bench_target_host=net.data(host), bench_server_bind=net.data(host),
             # The namespaces share one machine: each server its own state directory and port.
-            bench_server_port=PORTS[host], bench_state_dir=state[host],
+            bench_server_port=ports[host], bench_state_dir=state[host],
             bench_profiles=[simulator("baseline", host)])
     # gpu-b's own profile list (host_vars): one more profile than the group's.
     servers["gpu-b"]["bench_profiles"].append(simulator("eagle3", "gpu-b"))
@@ -195,7 +206,8 @@ def figure(cell: str) -> float:
 def test_two_servers_from_one_client_host_and_a_killed_server_costs_only_its_host(tmp_path,
                                                                                    fleet_net):
     started = time.monotonic()
-    run = Playbook(tmp_path, fleet_net, inventory(fleet_net, tmp_path))
+    ports = dict(zip(SERVERS, _unlocked_ports(2), strict=True))
+    run = Playbook(tmp_path, fleet_net, inventory(fleet_net, tmp_path, ports))
     try:
         # Mid-run: gpu-a measures its second level when its server is killed (by pid, with the
         # pid's start time checked: the very process llm_server recorded).
@@ -292,10 +304,46 @@ def test_two_servers_from_one_client_host_and_a_killed_server_costs_only_its_hos
             state = server_state(tmp_path, host, name)
             assert start_time(state["pid"]) != state["start_time"], (host, name)
         assert not (tmp_path / ("state-" + host) / "run.lock.json").exists()
-        assert not os.path.exists("/tmp/servelab-locks/port-%d.json" % PORTS[host])
+        assert not os.path.exists(os.path.join(tempfile.gettempdir(), "servelab-locks",
+                                               "port-%d.json" % ports[host]))
     # In the namespaces, only sshd and its sessions (Ansible's persistent connections) remain.
     for host in ("gpu-a", "gpu-b", "client"):
         left = [cmdline(p) for p in fleet_net.netns_pids(host)]
         assert not [c for c in left if c and not c.startswith(("sshd", "/usr/sbin/sshd"))], (
             host, left)
     print("fleet run: %.0f s" % seconds)
+
+
+def test_two_gpu_servers_on_one_machine_sharing_a_state_dir_and_port_are_refused(tmp_path):
+    """Two inventory hosts that are one machine (both local connections) with the same
+    bench_state_dir and port: refused at the lock, before a manifest or a server, naming both.
+    No root needed."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    shared = {"bench_server_port": port, "bench_state_dir": str(tmp_path / "state")}
+    profile = [{"name": "baseline", "simulator": {"profile": "baseline", "time_scale": 20}}]
+    inv = {"all": {"children": {"gpu_servers": {"hosts": {"gpu-a": {}, "gpu-b": {}}, "vars": dict(
+        shared, ansible_connection="local", ansible_python_interpreter=sys.executable,
+        bench_profiles=profile, bench_concurrency=[1], bench_reap=False,
+        bench_gpu_telemetry=False)}}}}
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps(inv))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+               SERVELAB_RESULTS_ROOT=str(tmp_path / "results"), ANSIBLE_NOCOLOR="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    done = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(path), "-e", "bench_run_id=shared",
+                           os.path.join(REPO, "bench.yml")], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    refusal = re.search(r"bench_lock: run shared refused: ([^\n]*)", out)
+    assert refusal, out[-3000:]
+    assert "also used by gpu-" in refusal.group(1) and "in this same run" in refusal.group(1)
+    assert "bench_state_dir" in refusal.group(1)
+    # Nothing started or written: no manifest, no server, no lock left.
+    assert not (tmp_path / "results" / "shared" / results.MANIFEST).exists()
+    assert not list((tmp_path / "state").glob("servelab-*"))
+    assert not (tmp_path / "state" / "run.lock.json").exists()
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), "servelab-locks",
+                                           "port-%d.json" % port))

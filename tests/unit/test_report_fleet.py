@@ -234,3 +234,16 @@ def test_the_fleet_plot_has_a_row_per_profile(fleet_run):
     assert two[1] == pytest.approx(2 * one[1], rel=0.05)
     assert fleet.plot_fleet(None) is None
     io.BytesIO(fleet.plot_fleet(view))
+
+
+def test_a_secret_in_a_failed_hosts_error_is_masked_in_the_fleet_section(tmp_path):
+    # The manifest is written redacted; a hand-made or older one may not be: the report masks
+    # again (context.profile_records), the fleet section included.
+    run = make_fleet_run(tmp_path, {"gpu-a": {"baseline": same}, "gpu-b": {"baseline": same}},
+                         statuses={("baseline", "gpu-b"): {
+                             "status": "failed", "failed_task": "Start the server for baseline",
+                             "error": "server exited: --api-key sk-live-123456 rejected"}})
+    summary = build_report(str(run)).files[SUMMARY].decode()
+    fleet_part = summary.split("## Fleet", 1)[1]
+    assert "baseline in 'Start the server for baseline'" in fleet_part
+    assert "sk-live-123456" not in summary and "<redacted>" in fleet_part

@@ -48,6 +48,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis i
     finite_number,
     profiles_in,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import profile_records
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.plots import (
     Figure,
     _badge,
@@ -216,7 +217,9 @@ def _disagreements(rows: list) -> tuple[list, int, int]:
 
 def _statuses(hosts: list, levels: pd.DataFrame, manifest: dict) -> list:
     planned = _planned_profiles(manifest)
-    profiles = manifest.get("profiles") if isinstance(manifest.get("profiles"), dict) else {}
+    # context.profile_records: the manifest's per-profile records, errors redacted once more
+    # (the report is the file people mail); a flat record (host "*") is every host's.
+    records = {(r.profile, r.host): r for r in profile_records(manifest)}
     out = []
     for host in hosts:
         host_rows = levels[levels["host"] == host]
@@ -224,14 +227,12 @@ def _statuses(hosts: list, levels: pd.DataFrame, manifest: dict) -> list:
         status = HostStatus(host, list(names), [], [], [], [], len(host_rows),
                             int(host_rows["usable"].sum()) if not host_rows.empty else 0)
         for profile in names:
-            by_host = profiles.get(profile) if isinstance(profiles.get(profile), dict) else {}
-            record = by_host.get(host) if isinstance(by_host.get(host), dict) else {}
-            state = str(record.get("status") or "")
+            record = records.get((profile, host)) or records.get((profile, "*"))
+            state = (record.status or "") if record is not None else ""
             if state == "finished":
                 status.finished.append(profile)
             elif state == "failed":
-                status.failed.append((profile, str(record.get("failed_task") or ""),
-                                      str(record.get("error") or "")))
+                status.failed.append((profile, record.failed_task or "", record.error or ""))
             elif state:
                 status.not_finished.append(profile)
             else:
