@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.caller import caller_gone
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.drain import (
     NOT_DRAINED, Drainer, drain_plan,
 )
@@ -136,7 +137,9 @@ def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool 
         # The rule the report applies too: a level it will mark failed ends the sweep.
         verdict = level_verdict(asdict(result.row))
         drained = NOT_DRAINED
-        if drain_after and not verdict.failed:
+        # Nobody reads the result any more (ansible-playbook is gone): no drain, no next level.
+        orphaned = caller_gone()
+        if drain_after and not verdict.failed and not orphaned:
             drained = drainer.drain(_label(cfg))
         result.row.drain_s, result.row.drain_basis = drained.seconds, drained.basis
         row = asdict(result.row)
@@ -147,5 +150,7 @@ def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool 
             outcome.warnings.append(drained.warning)
         if verdict.failed:
             outcome.failure = "C=%d: %s" % (cfg.concurrency, verdict.reason)
+            break
+        if orphaned:
             break
     return outcome

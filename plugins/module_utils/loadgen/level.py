@@ -54,6 +54,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.caller import caller_gone
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import (
     LevelCpu, mark_load_generator, usable_cpus,
 )
@@ -91,6 +92,7 @@ READ_MIN, READ_MAX = 4096, 65536
 
 TICK_S = 0.010                   # client tick: lag sample, stop check, stall check
 CONTROL_S = 0.010                # controller poll interval
+CALLER_CHECK_TICKS = 50          # every 0.5 s: is Ansible still reading (loadgen/caller.py)?
 ERROR_BACKOFF_S = 0.1            # a worker whose request failed waits this long (no hot loop)
 ARRIVAL_SPIN_S = 0.00105         # open loop in the loop (TLS): the last stretch is polled
 LATENESS_NOTE_MS = 1.0           # open loop: a send lateness p99 from here on is warned about
@@ -918,9 +920,17 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
         controller.on_ws = _both(cpu.mark_ws, sampler.sample_now if sampler else None)
         controller.on_we = _both(cpu.mark_we, sampler.sample_now if sampler else None)
         grace_deadline = None
+        ticks = 0
+        orphaned = False
         while len(results) < nproc:
             now = time.monotonic_ns()
             controller.step(now)
+            ticks += 1
+            if not shm[G_STOP] and ticks % CALLER_CHECK_TICKS == 0 and caller_gone():
+                # ansible-playbook was interrupted or killed: nobody will read this level; stop
+                # loading the server now rather than at the end of the level.
+                orphaned = True
+                shm[G_STOP] = STOP_ABORT
             for i, pipe in enumerate(pipes):
                 if i not in results and pipe.poll(0):
                     try:
@@ -1012,6 +1022,8 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             why = ("arrival sender priority: %s; real-time priority (root or CAP_SYS_NICE) lets "
                    "it send on time on a busy machine" % ", ".join(priorities))
         warnings.append("C=%d: send lateness p99 %.2f ms (%s)" % (c, late, why))
+    if orphaned:
+        warnings.append("C=%d: aborted: the caller (Ansible) went away during the level" % c)
     if cpu.shared_with:
         warnings.append(
             "C=%d: the bench client ran %d other sweep(s) at the same time (other GPU servers "
