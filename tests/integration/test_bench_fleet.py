@@ -37,6 +37,9 @@ from fleetnet import SERVERS, FleetNet, FleetNetUnavailable, ensure_sshd  # test
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 RUN_ID = "fleet-run"
+LEVELS = [1, 2]
+# gpu-b's simulator runs its model 4x faster than gpu-a's: the same profile, hosts that disagree.
+SCALE = {"gpu-a": 20, "gpu-b": 80}
 
 
 def _unlocked_ports(count: int) -> list:
@@ -47,9 +50,6 @@ def _unlocked_ports(count: int) -> list:
     start = 30100 + os.getpid() % 500 * 2
     return [p for p in range(start, start + 100) if "port-%d.json" % p not in taken][:count]
 
-LEVELS = [1, 2]
-# gpu-b's simulator runs its model 4x faster than gpu-a's: the same profile, hosts that disagree.
-SCALE = {"gpu-a": 20, "gpu-b": 80}
 
 pytestmark = pytest.mark.slow
 
@@ -203,8 +203,8 @@ def figure(cell: str) -> float:
     return float(cell.split(" ± ")[0])
 
 
-def test_two_servers_from_one_client_host_and_a_killed_server_costs_only_its_host(tmp_path,
-                                                                                   fleet_net):
+def test_two_servers_from_one_client_host_and_a_killed_server_costs_only_its_host(
+        tmp_path, fleet_net):
     started = time.monotonic()
     ports = dict(zip(SERVERS, _unlocked_ports(2), strict=True))
     run = Playbook(tmp_path, fleet_net, inventory(fleet_net, tmp_path, ports))
@@ -334,7 +334,7 @@ def test_two_gpu_servers_on_one_machine_sharing_a_state_dir_and_port_are_refused
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     done = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(path), "-e", "bench_run_id=shared",
                            os.path.join(REPO, "bench.yml")], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
+                          env=env, cwd=REPO, timeout=300, check=False)
     out = done.stdout + done.stderr
     assert done.returncode != 0, out[-3000:]
     refusal = re.search(r"bench_lock: run shared refused: ([^\n]*)", out)
