@@ -191,7 +191,7 @@ def cmdline(pid: int) -> str:
 
 def fleet_rows(summary: str) -> dict:
     """(profile, C) -> {column: cell} of the report's fleet table."""
-    table = summary.split("### Output tok/s per host and summed", 1)[1].split("\n\n")[1]
+    table = summary.split("## Fleet: output tok/s per host and summed", 1)[1].split("\n\n")[1]
     lines = [line.strip("|").split(" | ") for line in table.splitlines() if line.startswith("|")]
     header = [h.strip() for h in lines[0]]
     return {(cells[0].strip(), int(cells[1])): dict(zip(header, (c.strip() for c in cells),
@@ -294,8 +294,8 @@ def test_two_servers_from_one_client_host_and_a_killed_server_costs_only_its_hos
     assert figure(two["fleet output tok/s ± CI95"]) == pytest.approx(
         rows[("gpu-b", "baseline", 2)]["output_tok_s"], abs=0.1)
     assert fleet[("eagle3", 1)]["gpu-a"] == "(not in its profiles)"
-    disagree = summary.split("### Hosts that disagree", 1)[1].split("##", 1)[0]
-    assert "baseline: gpu-b is above gpu-a at C=1" in disagree, disagree
+    disagree = summary.split("## Fleet: hosts that disagree", 1)[1].split("\n## ", 1)[0]
+    assert "| baseline | gpu-b | gpu-a | 1 |" in disagree, disagree
     assert (run_dir / results.PLOTS_DIR / "fleet.png").is_file()
 
     # Nothing of the run is left: servers stopped, locks released on both hosts.

@@ -11,8 +11,8 @@ hosts that disagree, and where each host's run stands.
   compare_runs treats two runs), and which hosts were left out of the sum and why. A host whose
   profile list (host_vars) does not have the profile is not "missing" from its sum.
 - Disagreement: two hosts disagree at a (profile, level) when both levels are usable and their
-  output tok/s differ by more than the two 95% half-widths together (the intervals do not
-  overlap: the speedup table's tie rule, the other way round). Levels without a CI are not
+  output tok/s are not a tie by the report's one rule (analysis.is_tie: within the two 95%
+  half-widths together; with repeats, the half-widths across them). Levels without a CI are not
   judged. Same hardware and settings should agree; a host that does not is named with the
   levels and the gap, so a slow GPU, a throttled host or a different driver is seen rather than
   averaged away.
@@ -46,6 +46,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
     exclusion_reason,
     finite_number,
+    is_tie,
     profiles_in,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import profile_records
@@ -201,11 +202,13 @@ def _disagreements(rows: list) -> tuple[list, int, int]:
         usable = [h for h in row.hosts if h.usable]
         for i, a in enumerate(usable):
             for b in usable[i + 1:]:
-                if a.ci95 is None or b.ci95 is None:
+                # The report's one tie rule (the tables' `~`): within the two half-widths.
+                tie = is_tie(a.output_tok_s, a.ci95, b.output_tok_s, b.ci95)
+                if tie is None:
                     unjudged += 1
                     continue
                 judged += 1
-                if abs(a.output_tok_s - b.output_tok_s) <= a.ci95 + b.ci95:
+                if tie:
                     continue
                 low, high = (a, b) if a.output_tok_s < b.output_tok_s else (b, a)
                 entry = pairs.setdefault((row.profile, low.host, high.host),
