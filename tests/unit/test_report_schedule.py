@@ -91,3 +91,12 @@ def test_the_report_states_the_split_assumption_and_draws_the_envelope(tmp_path)
 def test_a_run_without_a_derived_profile_has_no_such_section(tmp_path, manifest):
     report = report_of(tmp_path, predicted_rows("eagle3", "other"), manifest)
     assert report.derived == []
+
+
+def test_a_stale_derived_plot_is_removed_when_the_run_has_no_derived_profile(tmp_path):
+    report_of(tmp_path, predicted_rows("eagle3", "other"), None)
+    stale = tmp_path / "plots" / "derived.png"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"an earlier report's plot")
+    write_report(build_report(str(tmp_path), with_plots=True))
+    assert not stale.exists()

@@ -55,7 +55,8 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
 from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import ManifestError, run_lock
 
 PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png", "pareto.png",
-              "ttft_cdf.png", "itl_cdf.png", "rate.png", "gpu.png", fleet.FLEET_PLOT)
+              "ttft_cdf.png", "itl_cdf.png", "rate.png", "gpu.png", "derived.png",
+              fleet.FLEET_PLOT)
 
 __all__ = ["ReportError", "ReportResult", "build_report", "write_report"]
 
