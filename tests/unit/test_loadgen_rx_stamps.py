@@ -78,3 +78,14 @@ def test_a_level_says_which_clock_stamped_it():
 def test_an_unknown_clock_is_refused_by_name():
     with pytest.raises(Exception, match="rx_timestamps"):
         LevelConfig(base_url="http://127.0.0.1:9", model="m", rx_timestamps="tsc").validate()
+
+
+@pytest.mark.parametrize("age_ns, expected", [
+    (3_000_000, 1_000_000_000 - 3_000_000),   # an ordinary age: the kernel's time
+    (0, 1_000_000_000),
+    (-50_000, 1_000_000_000),                 # microseconds in the future: skew, "arrived now"
+    (-5_000_000, None),                       # milliseconds in the future: the clock was stepped
+    (http.MAX_STAMP_AGE_NS, None),            # too old: stepped the other way
+])
+def test_a_kernel_stamps_age_is_trusted_only_within_its_bounds(age_ns, expected):
+    assert http.stamp_from_age(1_000_000_000, age_ns) == expected

@@ -63,6 +63,11 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("qq")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 MAX_STAMP_AGE_NS = 10 * NS_PER_S             # older (or negative): the clock was stepped
+# A stamp up to this far in the future is clock skew, not a step: on a VM the kernel's stamp
+# (taken on the CPU that received the segment) and the vDSO's CLOCK_REALTIME (read on ours) can
+# disagree by microseconds, so a read made right after the segment arrived sees a small
+# negative age. It is read as "arrived now" instead of losing the level's kernel label.
+MAX_CLOCK_SKEW_NS = 1_000_000
 _COMPLETION_TOKENS = b'"completion_tokens":'
 _CT_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _MAX_ERROR_BODY = 4096
@@ -685,6 +690,14 @@ class RxStats:
         return RX_KERNEL if self.reads and self.kernel_reads == self.reads else RX_USER
 
 
+def stamp_from_age(now_ns: int, age_ns: int) -> Optional[int]:
+    """A read's arrival on the monotonic clock from its kernel stamp's age (realtime now minus
+    the stamp), or None where the age says the clock was stepped (the read time is used)."""
+    if -MAX_CLOCK_SKEW_NS <= age_ns < MAX_STAMP_AGE_NS:
+        return now_ns - max(age_ns, 0)
+    return None
+
+
 def kernel_stamps_possible() -> bool:
     return sys.platform.startswith("linux") and bool(_ANCILLARY)
 
@@ -731,9 +744,9 @@ class RxStampTransport:
         for level, kind, data in ancdata:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
                 sec, nsec = _TIMESPEC.unpack_from(data)
-                age = _realtime_ns() - (sec * NS_PER_S + nsec)
-                if 0 <= age < MAX_STAMP_AGE_NS:
-                    stamp = now - age
+                kernel_stamp = stamp_from_age(now, _realtime_ns() - (sec * NS_PER_S + nsec))
+                if kernel_stamp is not None:
+                    stamp = kernel_stamp
                     stats.kernel_reads += 1
         protocol.buffer_updated_at(nbytes, stamp, now)
 
