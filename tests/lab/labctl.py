@@ -193,6 +193,7 @@ class Lab:
         self._procs: dict[str, subprocess.Popen] = {}
         self._servers: dict[str, subprocess.Popen] = {}
         self._majors: dict[str, int] = {}
+        self._extra_vmids: set[int] = set()
         net = ipaddress.ip_network(self.config.network)
         hosts = list(net.hosts())
         self.controller_address = str(hosts[0])
@@ -210,7 +211,16 @@ class Lab:
 
     @property
     def ct_rootfs(self) -> Path:
-        return self.pve_rootfs / "var/lib/lxc" / str(self.config.vmid) / "rootfs"
+        return self.container_rootfs(self.config.vmid)
+
+    def container_rootfs(self, vmid: int) -> Path:
+        """A nested container's root filesystem, as seen from this machine."""
+        return self.pve_rootfs / "var/lib/lxc" / str(vmid) / "rootfs"
+
+    @property
+    def vmids(self) -> list[int]:
+        """The nested containers that exist now: 129, and those add_container() made."""
+        return [self.config.vmid] + sorted(self._extra_vmids)
 
     @property
     def inventory_path(self) -> Path:
@@ -232,23 +242,25 @@ class Lab:
         """A path inside the Proxmox host's root filesystem, as seen from this machine."""
         return self.pve_rootfs / path.lstrip("/")
 
-    def ct_path(self, path: str) -> Path:
-        """A path inside container 129's root filesystem, as seen from this machine."""
-        return self.ct_rootfs / path.lstrip("/")
+    def ct_path(self, path: str, vmid: int | None = None) -> Path:
+        """A path inside container 129's (or vmid's) root filesystem, as seen from this machine."""
+        return self.container_rootfs(vmid or self.config.vmid) / path.lstrip("/")
 
     def pve_config_path(self, vmid: int | None = None) -> Path:
         return self.pve_path("/etc/pve/lxc/%d.conf" % (vmid or self.config.vmid))
 
-    def pristine_pve_config(self) -> str:
-        """Container 129's PVE config as the lab creates it (no GPU lines), in PVE's own layout."""
-        vmid = self.config.vmid
+    def pristine_pve_config(self, vmid: int | None = None) -> str:
+        """Container 129's (or vmid's) PVE config as the lab creates it (no GPU lines), in PVE's own layout."""
+        vmid = vmid or self.config.vmid
         return ("arch: amd64\ncores: 8\nfeatures: nesting=1\nhostname: ct%d\nmemory: 16384\n"
-                "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:4A:01:29,ip=dhcp,type=veth\n"
-                "ostype: debian\nrootfs: local-lvm:vm-%d-disk-0,size=64G\nswap: 0\n" % (vmid, vmid))
+                # The MAC's last bytes spell the vmid in decimal digits, as 4A:01:29 for 129.
+                "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:4A:%02d:%02d,ip=dhcp,type=veth\n"
+                "ostype: debian\nrootfs: local-lvm:vm-%d-disk-0,size=64G\nswap: 0\n"
+                % (vmid, vmid // 100 % 100, vmid % 100, vmid))
 
-    def reset_pve_config(self, text: str | None = None) -> None:
-        """Write container 129's PVE config (default: the pristine one). Applies at its next start."""
-        self._write(self.pve_config_path(), self.pristine_pve_config() if text is None else text, 0o640)
+    def reset_pve_config(self, text: str | None = None, vmid: int | None = None) -> None:
+        """Write container 129's (or vmid's) PVE config (default: the pristine one). Applies at its next start."""
+        self._write(self.pve_config_path(vmid), self.pristine_pve_config(vmid) if text is None else text, 0o640)
 
     # ----- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -353,8 +365,10 @@ class Lab:
 
     def run_playbook(self, playbook, *, extravars: dict | None = None, limit: str | None = None,
                      check: bool = False, diff: bool = False, tags: str | None = None,
-                     skip_tags: str | None = None, verbosity: int = 0, timeout: int = 900) -> PlaybookRun:
-        """Run a playbook (path relative to the repo, or absolute) against the lab inventory."""
+                     skip_tags: str | None = None, verbosity: int = 0, timeout: int = 900,
+                     inventory=None) -> PlaybookRun:
+        """Run a playbook (path relative to the repo, or absolute) against the lab inventory
+        (or `inventory`, e.g. one from fleet_inventory())."""
         import ansible_runner  # controller-side dependency (requirements.txt); imported late for the CLI
 
         path = Path(playbook)
@@ -388,7 +402,7 @@ class Lab:
             private_data_dir=str(runner_dir),
             project_dir=str(REPO),
             playbook=str(path),
-            inventory=str(self.inventory_path),
+            inventory=str(inventory or self.inventory_path),
             extravars=extravars or {},
             limit=limit,
             cmdline=" ".join(cmdline) or None,
@@ -484,7 +498,8 @@ class Lab:
         self._write(self.pve_path(FAKE_PROC + "/devices"), proc_devices)
         self._write(self.pve_path(FAKE_PROC + "/driver/nvidia/version"), version_text)
         self._write(self.pve_path(FAKE_NVIDIA_JSON), json.dumps(host, indent=1) + "\n")
-        self._write(self.ct_path(FAKE_NVIDIA_JSON), json.dumps(container, indent=1) + "\n")
+        for vmid in self.vmids:
+            self._write(self.ct_path(FAKE_NVIDIA_JSON, vmid), json.dumps(container, indent=1) + "\n")
 
     @property
     def fake_majors(self) -> dict:
@@ -719,18 +734,6 @@ class Lab:
             if not link.is_symlink():
                 link.symlink_to("/dev/null")
         (root / "var/log/servelab-lab").mkdir(parents=True, exist_ok=True)
-        vmid = self.config.vmid
-        self.reset_pve_config()
-        # What PVE derives from rootfs:/ostype:/net0: on a real host; the lab's pct appends the
-        # PVE config's lxc.* and devN lines to it on every start.
-        self._write(root / ("var/lib/lxc/%d/config.lab-base" % vmid), (
-            "# servelab lab: base LXC config of container %d (pct adds /etc/pve/lxc/%d.conf)\n"
-            "lxc.include = /usr/share/lxc/config/debian.common.conf\n"
-            "lxc.rootfs.path = dir:/var/lib/lxc/%d/rootfs\n"
-            "lxc.apparmor.profile = unconfined\n"
-            "lxc.tty.max = 0\n"
-            "# No bridge in the lab: the container shares the Proxmox host's network (apt proxy, lab HTTP).\n"
-            "lxc.net.0.type = none\n" % (vmid, vmid, vmid)))
         self._write(self.lxcpath / NAME / "config", "\n".join([
             "# servelab lab: the 'Proxmox host' (privileged system container, nesting for LXC inside)",
             "lxc.include = /usr/share/lxc/config/common.conf",
@@ -750,15 +753,56 @@ class Lab:
             "lxc.log.level = INFO",
         ]) + "\n")
 
-    def _configure_ct(self) -> None:
-        root = self.ct_rootfs
-        name = "ct%d" % self.config.vmid
+    def _configure_ct(self, vmid: int | None = None) -> None:
+        vmid = vmid or self.config.vmid
+        root = self.container_rootfs(vmid)
+        name = "ct%d" % vmid
         self._write(root / "etc/hostname", name + "\n")
         self._write(root / "etc/hosts", self._hosts_file(name))
         self._write(root / "etc/apt/apt.conf.d/01servelab-lab-proxy", self._apt_proxy_conf())
         # The container's user-space driver stand-in (the real one would come from the
         # NVIDIA .run with --no-kernel-module, at exactly the host's version).
         self._install_guest_file("nvidia-smi", root / "usr/bin/nvidia-smi")
+        self.reset_pve_config(vmid=vmid)
+        # What PVE derives from rootfs:/ostype:/net0: on a real host; the lab's pct appends the
+        # PVE config's lxc.* and devN lines to it on every start.
+        self._write(self.pve_path("/var/lib/lxc/%d/config.lab-base" % vmid), (
+            "# servelab lab: base LXC config of container %d (pct adds /etc/pve/lxc/%d.conf)\n"
+            "lxc.include = /usr/share/lxc/config/debian.common.conf\n"
+            "lxc.rootfs.path = dir:/var/lib/lxc/%d/rootfs\n"
+            "lxc.apparmor.profile = unconfined\n"
+            "lxc.tty.max = 0\n"
+            "# No bridge in the lab: the container shares the Proxmox host's network (apt proxy, lab HTTP).\n"
+            "lxc.net.0.type = none\n" % (vmid, vmid, vmid)))
+
+    def add_container(self, vmid: int) -> float:
+        """A second (third, ...) nested container like 129, from the same cached root filesystem,
+        started and booted. Not in lab.inventory_path (the other tests keep their one container):
+        write an inventory holding it with fleet_inventory(). Returns the seconds it took."""
+        started = time.monotonic()
+        if vmid == self.config.vmid or vmid in self._extra_vmids:
+            raise LabError("container %d exists already" % vmid)
+        self._extra_vmids.add(vmid)   # first: a failure below still tears it down
+        self._unpack(self._tarball("ct"), self.container_rootfs(vmid))
+        self._configure_ct(vmid)
+        self._write(self.ct_path(FAKE_NVIDIA_JSON, vmid), self.ct_path(FAKE_NVIDIA_JSON).read_text())
+        self.pct("start", str(vmid))
+        self._wait_systemd(lambda argv: self.pct_exec(vmid, *argv, check=False, timeout=20), "container %d" % vmid)
+        seconds = time.monotonic() - started
+        self._say("container %d up in %.1f s" % (vmid, seconds))
+        return seconds
+
+    def remove_container(self, vmid: int) -> None:
+        """Stop and delete a container add_container() made (129 stays)."""
+        if vmid not in self._extra_vmids:
+            raise LabError("container %d was not added by add_container()" % vmid)
+        self.pct("stop", str(vmid), check=False, timeout=40)
+        for path in (self.pve_path("/var/lib/lxc/%d" % vmid), self.pve_config_path(vmid)):
+            if path.is_dir():
+                self._remove_tree(path)
+            elif path.exists():
+                path.unlink()
+        self._extra_vmids.discard(vmid)
 
     def _start_pve(self) -> None:
         self._say("starting the Proxmox host container")
@@ -777,7 +821,21 @@ class Lab:
         raise LabError("%s: systemd did not finish booting within %ss (state %r)" % (what, timeout, state))
 
     def _write_inventory(self) -> None:
-        inv = self.inventory_path
+        self._write_inventory_dir(self.inventory_path, [self.config.vmid])
+
+    def fleet_inventory(self, dest, vmids, *, host_vars: dict | None = None, group_vars: dict | None = None,
+                        extra_gpu_servers: dict | None = None) -> Path:
+        """An inventory like lab.inventory_path whose gpu_servers are the containers `vmids`, in that
+        order (add_container() the others first), and `extra_gpu_servers` ({name: host variables})
+        after them. host_vars: {inventory name: variables} on top; group_vars: gpu_servers' vars
+        (inventory variables: extra vars would override every host's)."""
+        dest = Path(dest)
+        self._write_inventory_dir(dest, list(vmids), host_vars=host_vars or {}, group_vars=group_vars or {},
+                                  extra_gpu_servers=extra_gpu_servers or {})
+        return dest
+
+    def _write_inventory_dir(self, inv: Path, vmids: list, *, host_vars: dict | None = None,
+                             group_vars: dict | None = None, extra_gpu_servers: dict | None = None) -> None:
         inv.mkdir(parents=True, exist_ok=True)
         for sub in ("group_vars", "host_vars"):
             link = inv / sub
@@ -788,8 +846,16 @@ class Lab:
                     shutil.rmtree(link)
             if (STATIC_INVENTORY / sub).is_dir():
                 link.symlink_to(STATIC_INVENTORY / sub)
-        vmid = self.config.vmid
         pve = self.config.pve_hostname
+        gpu_servers = {"ct%d" % vmid: {
+            "ansible_connection": "community.proxmox.proxmox_pct_remote",
+            "ansible_host": self.pve_address,
+            "proxmox_vmid": vmid,
+            "proxmox_host": pve,
+        } for vmid in vmids}
+        gpu_servers.update(extra_gpu_servers or {})
+        for name, variables in (host_vars or {}).items():
+            gpu_servers.setdefault(name, {}).update(variables)
         ssh_args = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
         hosts = {
             "all": {
@@ -806,12 +872,7 @@ class Lab:
                         "proxmox_gpu_passthrough_driver_version_file": FAKE_PROC + "/driver/nvidia/version",
                         "proxmox_gpu_passthrough_proc_devices": FAKE_PROC + "/devices",
                     }}},
-                    "gpu_servers": {"hosts": {"ct%d" % vmid: {
-                        "ansible_connection": "community.proxmox.proxmox_pct_remote",
-                        "ansible_host": self.pve_address,
-                        "proxmox_vmid": vmid,
-                        "proxmox_host": pve,
-                    }}},
+                    "gpu_servers": dict({"hosts": gpu_servers}, **({"vars": group_vars} if group_vars else {})),
                     "bench_clients": {"hosts": {"localhost": {
                         "ansible_connection": "local",
                         "ansible_python_interpreter": "{{ ansible_playbook_python }}",
@@ -839,7 +900,11 @@ class Lab:
         if self._container_running():
             # Stop container 129 cleanly first, then the host (SIGKILL of its init would take
             # the nested container down too, but leave its cgroups for LXC to trip over).
-            self.pve_exec("pct", "stop", str(self.config.vmid), check=False, timeout=40)
+            # Every nested container, also those an interrupted run added (add_container).
+            listed = self.pve_exec("pct", "list", check=False, timeout=40).stdout.splitlines()[1:]
+            vmids = {str(self.config.vmid)} | {line.split()[0] for line in listed if line.split()}
+            for vmid in sorted(vmids):
+                self.pve_exec("pct", "stop", vmid, check=False, timeout=40)
             _run(["lxc-stop", "-P", str(self.lxcpath), "-n", NAME, "-k"], check=False, timeout=60)
         cg = self._cgroup_path()
         if cg is not None and cg.exists():
@@ -851,6 +916,7 @@ class Lab:
                 proc.stdout.close()
         self._procs.clear()
         self._servers.clear()
+        self._extra_vmids.clear()
         for hierarchy in Path("/sys/fs/cgroup").glob("*"):
             for path in sorted(hierarchy.rglob("lxc.*.%s" % NAME), key=lambda p: len(p.parts), reverse=True):
                 self._remove_cgroup_tree(path)

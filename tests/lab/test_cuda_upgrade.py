@@ -6,155 +6,22 @@ see them only through their normal variables (repository URL, key URL, index URL
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 
 import pytest
 
-from aptrepo import PUBLIC_KEY_NAME, SigningKey, ToolkitSpec, build_cuda_repo
-from pypirepo import StackVersions, build_stack_indexes
+from cudastack import (CT, OLD_FLASHINFER, ROLLOUT_STOP, STACK, SYSTEMD_ENV, UPGRADE, VENV, VERSIONS, Repos, build_repos, ct,
+                       failure_messages, field_state, installed, job_alive, reset_container, selected, snapshot,
+                       start_gpu_job)
 
 pytestmark = pytest.mark.lab
-
-UPGRADE = "upgrade-cuda.yml"
-STACK = "playbooks/gpu_stack.yml"
-CT = "ct129"
-VENV = "/opt/sglang/venv"
-# The role's default pins (sglang 0.5.23, torch 2.14.1, FlashInfer 0.7.2: at or above the SM120
-# allreduce-fusion minimum of the role's rules, as the lab's GPUs are RTX PRO 6000 Blackwell, SM 12.0).
-VERSIONS = StackVersions(torch="2.14.1", sglang="0.5.23", flashinfer="0.7.2", kernel="0.4.7")
-OLD_FLASHINFER = "0.6.7.post2"  # below the SM120 fusion minimum
-SYSTEMD_ENV = "/etc/systemd/system.conf.d/servelab-cuda.conf"
-FIELD_CUDA = "12.8"
-
-# What "the host as it was" means here: packages, alternatives, and the files the roles touch.
-SNAPSHOT = r"""
-dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' | grep -E ' (cuda|python3-(debian|venv|packaging))' || true
-for name in cuda cuda-12 cuda-13; do echo "alt $name: $(update-alternatives --query $name 2>/dev/null | grep -E '^(Status|Value):' | tr '\n' ' ')"; done
-find /etc/apt/sources.list.d /etc/apt/keyrings /etc/profile.d /etc/systemd/system.conf.d /etc/ansible /opt /usr/local -maxdepth 3 \
-  -printf '%p %y %l %s\n' 2>/dev/null | sort
-# the package lists themselves (a refresh changes them); apt's lock file and partial/ are not state
-echo "/var/lib/apt/lists $(find /var/lib/apt/lists -maxdepth 1 -type f ! -name lock -printf '%f %s %T@\n' 2>/dev/null | sort | md5sum)"
-"""
-
-RESET = r"""
-dpkg --purge cuda-toolkit-13-0 cuda-toolkit-12-8 cuda-keyring >/dev/null 2>&1 || true
-for name in cuda cuda-12 cuda-13; do update-alternatives --remove-all $name >/dev/null 2>&1 || true; done
-rm -rf /usr/local/cuda-12.8 /usr/local/cuda-13.0 /opt/sglang /etc/apt/keyrings/servelab-cuda.* \
-  /etc/apt/sources.list.d/servelab-cuda.sources /etc/apt/sources.list.d/cuda-*.list \
-  /etc/profile.d/servelab-cuda.sh /etc/ansible/facts.d/servelab_cuda.fact /etc/ansible/facts.d/servelab_sglang.fact \
-  /etc/systemd/system.conf.d/servelab-cuda.conf
-"""
-
-
-@dataclasses.dataclass
-class Repos:
-    """The served repositories: URLs as the container reaches them."""
-
-    cuda: str            # cuda-keyring, 12.8.1, 13.0.0, 13.0.1
-    broken: str          # cuda-keyring, 12.8.1, 13.0.0, 13.0.1 whose nvcc cannot start
-    pypi: str            # root of torch/cuXY/, kernel/cuXY/, kernel-wrong/cuXY/, pypi/simple/, flashinfer/cuXY/
-    key_name: str = PUBLIC_KEY_NAME
-
-    def role_vars(self, lab, repo: str | None = None, **extra) -> dict:
-        repo = repo or self.cuda
-        return dict({
-            "cuda_toolkit_repo_url": repo,
-            "cuda_toolkit_repo_key_url": repo + self.key_name,
-            "sglang_version": VERSIONS.sglang,
-            "sglang_torch_version": VERSIONS.torch,
-            "sglang_flashinfer_version": VERSIONS.flashinfer,
-            "sglang_kernel_version": VERSIONS.kernel,
-            "sglang_kernel_index_url": self.pypi + "kernel/cu130/",
-            "sglang_torch_index_url": self.pypi + "torch/cu130/",
-            "sglang_pypi_index_url": self.pypi + "pypi/simple/",
-            "sglang_flashinfer_index_url": self.pypi + "flashinfer/cu130/",
-            "sglang_pip_trusted_hosts": [lab.controller_address],
-        }, **extra)
-
-
-def ct(lab, script: str, *args: str, check: bool = True, timeout: float = 300):
-    return lab.pct_exec(lab.config.vmid, "sh", "-c", script, "sh", *args, check=check, timeout=timeout)
-
-
-def snapshot(lab) -> str:
-    return ct(lab, SNAPSHOT).stdout
-
-
-def reset_container(lab, *, purge_helpers: bool = False) -> None:
-    """Container 129 without any CUDA toolkit, NVIDIA source, venv or servelab fact."""
-    ct(lab, RESET + ("apt-get purge -y -q python3-debian >/dev/null\n" if purge_helpers else ""))
-
-
-def field_state(lab, repo: str, *, toolkits=(("cuda-toolkit-12-8", None),), venv_cuda: str | None = FIELD_CUDA,
-                pypi: str | None = None) -> None:
-    """The field host before the upgrade: NVIDIA's cuda-keyring from `repo`, toolkits installed by
-    apt (auto-selected by their alternatives), and an SGLang venv built for `venv_cuda`."""
-    reset_container(lab)
-    packages = " ".join(name + ("=" + version if version else "") for name, version in toolkits)
-    ct(lab, "set -e\n"
-            "python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "
-            "\"$1cuda-keyring_1.1-1_all.deb\" /tmp/cuda-keyring.deb\n"
-            "dpkg -i /tmp/cuda-keyring.deb >/dev/null && rm /tmp/cuda-keyring.deb\n"
-            "apt-get update -q >/dev/null\n"
-            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends %s >/dev/null\n" % packages,
-       repo)
-    if venv_cuda:
-        tag = "cu" + venv_cuda.replace(".", "")
-        ct(lab, "set -e\n"
-                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null\n"
-                "python3 -m venv %(venv)s\n"
-                "pip() { index=$1; host=$2; shift 2; %(venv)s/bin/pip install -q --disable-pip-version-check "
-                "--trusted-host \"$host\" --index-url \"$index\" \"$@\"; }\n"
-                "pip \"$1torch/%(tag)s/\" \"$2\" torch==%(torch)s+%(tag)s\n"
-                "pip \"$1kernel/%(tag)s/\" \"$2\" sglang-kernel==%(kernel)s+%(tag)s\n"
-                "pip \"$1pypi/simple/\" \"$2\" sglang==%(sglang)s flashinfer-python==%(fi)s flashinfer-cubin==%(fi)s\n"
-                "pip \"$1flashinfer/%(tag)s/\" \"$2\" flashinfer-jit-cache==%(fi)s+%(tag)s\n"
-                % dict(venv=VENV, tag=tag, torch=VERSIONS.torch, sglang=VERSIONS.sglang, fi=VERSIONS.flashinfer,
-                       kernel=VERSIONS.kernel),
-           pypi, lab.controller_address)
-
-
-def selected(lab) -> str:
-    return ct(lab, "readlink -f /usr/local/cuda || true").stdout.strip()
-
-
-def installed(lab) -> dict:
-    out = ct(lab, "dpkg-query -W -f='${db:Status-Abbrev}|${Package}|${Version}\\n' 'cuda-*' 2>/dev/null || true").stdout
-    return {pkg: version for status, pkg, version in (line.split("|") for line in out.splitlines() if "|" in line)
-            if status.startswith("ii")}
-
-
-def start_gpu_job(lab) -> int:
-    """A process titled like an SGLang scheduler (what gpu_reap looks for), in its own session."""
-    out = ct(lab, "setsid bash -c 'exec -a sglang::scheduler_TP0 sleep 600' </dev/null >/dev/null 2>&1 & echo $!").stdout
-    return int(out.strip())
-
-
-def job_alive(lab, pid: int) -> bool:
-    return ct(lab, "kill -0 %d 2>/dev/null && echo yes || echo no" % pid).stdout.strip() == "yes"
-
-
-def failure_messages(run) -> str:
-    return "\n".join(f.msg for f in run.failures)
 
 
 @pytest.fixture(scope="module")
 def repos(lab, tmp_path_factory) -> Repos:
     """Build and serve the repositories; give container 129 its GPUs (playbooks/proxmox.yml) once."""
-    tmp = tmp_path_factory.mktemp("cuda-lab")
-    cuda_dir, broken_dir, pypi_dir = tmp / "cuda", tmp / "cuda-broken", tmp / "pypi"
-    for directory in (cuda_dir, broken_dir, pypi_dir):
-        directory.mkdir()
-    urls = {d: lab.serve_directory(d, name="http-" + d.name) for d in (cuda_dir, broken_dir, pypi_dir)}
-    with SigningKey(tmp / "gnupg") as key:
-        build_cuda_repo(cuda_dir, key, urls[cuda_dir],
-                        [ToolkitSpec("12.8.1"), ToolkitSpec("13.0.0"), ToolkitSpec("13.0.1")])
-        build_cuda_repo(broken_dir, key, urls[broken_dir],
-                        [ToolkitSpec("12.8.1"), ToolkitSpec("13.0.0"), ToolkitSpec("13.0.1", broken=True)])
-    build_stack_indexes(pypi_dir, VERSIONS, cuda_releases=("12.8", "13.0"))
-
+    built = build_repos(lab, tmp_path_factory.mktemp("cuda-lab"))
     lab.set_fake_driver(lab.config.driver_version)
     lab.reset_pve_config()
     if "running" not in lab.pct("status", str(lab.config.vmid)).stdout:
@@ -162,7 +29,7 @@ def repos(lab, tmp_path_factory) -> Repos:
     passthrough = lab.run_playbook("playbooks/proxmox.yml")
     assert passthrough.rc == 0, passthrough.failure_text() or passthrough.stdout[-3000:]
     try:
-        yield Repos(cuda=urls[cuda_dir], broken=urls[broken_dir], pypi=urls[pypi_dir])
+        yield built
     finally:
         # Leave container 129 as the lab made it, for the other lab tests.
         lab.set_fake_driver(lab.config.driver_version)
@@ -318,7 +185,9 @@ def test_driver_570_stops_in_preflight_naming_the_driver_needed(lab, repos):
     finally:
         lab.set_fake_driver(lab.config.driver_version)
     assert alone.rc != 0
-    assert [f.host for f in alone.failures] == [CT], alone.failure_text()
+    # The failure, then the rollout's stop at the end of the batch (playbooks/gpu_stack.yml).
+    assert [(f.host, f.task) for f in alone.failures][1:] == [(CT, ROLLOUT_STOP)], alone.failure_text()
+    assert alone.failures[0].host == CT
     message = alone.failures[0].msg
     assert "NVIDIA driver 570.172.08 on %s is too old for CUDA 13.0.1" % CT in message, message
     assert "needs driver >= 580" in message and "Nothing was changed" in message
@@ -406,7 +275,8 @@ def test_sm120_with_a_flashinfer_below_the_fusion_minimum_stops_in_preflight(lab
     before = snapshot(lab)
     run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab, sglang_flashinfer_version=OLD_FLASHINFER))
     assert run.rc != 0
-    assert [f.host for f in run.failures] == [CT], run.failure_text()
+    assert [(f.host, f.task) for f in run.failures][1:] == [(CT, ROLLOUT_STOP)], run.failure_text()
+    assert run.failures[0].host == CT
     message = run.failures[0].msg
     assert ("GPU 0,1,2,3,4,5,6,7 NVIDIA RTX PRO 6000 Blackwell Server Edition (SM 12.0) on %s cannot run FlashInfer's "
             "allreduce fusion with FlashInfer %s: SM 12.0 needs FlashInfer >= 0.6.16" % (CT, OLD_FLASHINFER)) in message, message
