@@ -15,6 +15,11 @@ from typing import Any, Mapping, Optional, Tuple, Union
 
 # Dicts merge key by key, lists and scalars replace: the manifest's merge rule, reused.
 from ansible_collections.servelab.serving.plugins.module_utils.mapping import deep_merge
+from ansible_collections.servelab.serving.plugins.module_utils.server.multinode import (
+    NodeGroup,
+    NodesError,
+    parse_nodes,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.server.spec_schedule import (
     ScheduleError,
     validate_schedule,
@@ -58,6 +63,7 @@ PROFILE_KEYS = (
     "name", "base", "model", "served_model_name", "tp", "speculative", "spec_v2",
     "flashinfer_allreduce_fusion", "torch_symm_mem", "mem_fraction_static", "cuda_graph_max_bs",
     "max_running_requests", "enable_metrics", "extra_args", "env", "simulator", "command", "ready",
+    "nodes",
 )
 SPECULATIVE_KEYS = ("algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
                     "tokens_per_batch_size")
@@ -113,6 +119,8 @@ class Profile:
     simulator: Mapping[str, Any] = field(default_factory=dict)
     command: Tuple[str, ...] = ()
     ready: Optional[ReadyCheck] = None
+    # One model over several hosts (server/multinode.py): this host's rank, the group, rank 0's address.
+    nodes: Optional[NodeGroup] = None
 
     @property
     def request_model(self) -> Optional[str]:
@@ -141,6 +149,8 @@ class Profile:
             keys.append("simulator")
         if self.command:
             keys.append("command")
+        if self.nodes is not None:
+            keys.append("nodes")
         return tuple(keys)
 
 
@@ -308,6 +318,10 @@ def resolve_profile(raw: Optional[Mapping], default_model: Optional[str] = None)
     if not isinstance(simulator, Mapping):
         raise ProfileError(f"{where}: simulator must be a mapping (e.g. {{profile: baseline}})")
     model = raw.get("model", default_model)
+    try:
+        nodes = parse_nodes(raw.get("nodes"), where)
+    except NodesError as exc:
+        raise ProfileError(str(exc)) from None
     profile = Profile(
         name=name,
         base=base,
@@ -330,6 +344,7 @@ def resolve_profile(raw: Optional[Mapping], default_model: Optional[str] = None)
         simulator=dict(simulator),
         command=_as_str_list(raw.get("command"), f"{where}: command"),
         ready=_parse_ready(raw.get("ready"), f"{where}: ready"),
+        nodes=nodes,
     )
     _check_cross_keys(profile, where)
     return profile

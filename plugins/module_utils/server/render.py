@@ -24,14 +24,22 @@ ENGINES = ("sglang", "vllm", "simulator", "command")
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000, "simulator": 30000}
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 COMMAND_PLACEHOLDERS = ("{host}", "{port}", "{model}", "{python}")
+# With profile.nodes, `command` also gets the node's place in the group (a stand-in for SGLang's
+# multi-node flags in tests, or another engine's own).
+NODE_PLACEHOLDERS = ("{node_rank}", "{nnodes}", "{dist_init_addr}")
+# SGLang's ranks other than 0 run no API server: once their schedulers joined the group and are
+# ready they serve a stand-in health server on the same port (GET /health and /health_generate
+# answer 200 without generating; sglang/srt/entrypoints/engine.py, launch_dummy_health_check_server).
+# Their readiness is that; the group is ready when rank 0 generates.
+FOLLOWER_READY = ReadyCheck(path="/health", method="GET")
 # Profile keys that ask a real engine for something; the simulator models them through its own
 # `simulator:` settings, so a profile shared between the field and the laptop stays valid.
 SIMULATOR_IGNORES = ("tp", "speculative", "spec_v2", "flashinfer_allreduce_fusion",
                      "torch_symm_mem", "mem_fraction_static", "cuda_graph_max_bs",
-                     "max_running_requests", "enable_metrics")
+                     "max_running_requests", "enable_metrics", "nodes")
 # With `command` the user writes the whole command line: a switch servelab would not render is a
 # mistake worth an error.
-COMMAND_REJECTS = SIMULATOR_IGNORES + ("simulator",)
+COMMAND_REJECTS = tuple(k for k in SIMULATOR_IGNORES if k != "nodes") + ("simulator",)
 SIMULATOR_FLAGS = {"profile": "--profile", "time_scale": "--time-scale",
                    "truth_log": "--truth-log", "die_after": "--die-after",
                    "startup_delay": "--startup-delay"}
@@ -134,6 +142,9 @@ def render_command(profile: Profile, python: str, host: str,
                            f"write the engine's own flags into profile.command")
     values = {"{host}": host, "{port}": str(port), "{model}": profile.model or "",
               "{python}": python}
+    if profile.nodes is not None:
+        values.update({"{node_rank}": str(profile.nodes.rank), "{nnodes}": str(profile.nodes.nnodes),
+                       "{dist_init_addr}": profile.nodes.dist_init_addr})
     if "{model}" in " ".join(profile.command) and not profile.model:
         raise ProfileError(f"{where}: profile.command uses {{model}} but no model is set")
     cmd = []
@@ -192,6 +203,9 @@ def render_server(profile: Profile, engine: str, host: str, port: Optional[int],
         warnings += version_warnings(version)
         cmd, env, notes = render_sglang(profile, version, python, host, port)
     elif engine == "vllm":
+        if profile.nodes is not None:
+            raise ProfileError(f"profile {profile.name!r}: nodes (one model over several hosts) is rendered "
+                               f"for engine sglang only; vLLM's multi-node runs on Ray: drop nodes")
         cmd, env, notes = render_vllm(profile, python, host, port)
     elif engine == "simulator":
         if not simulator_script:
@@ -208,6 +222,8 @@ def render_server(profile: Profile, engine: str, host: str, port: Optional[int],
     merged_env = _merge_env(module_env or {}, profile, env)
     ready = _with_model(profile.ready or default_ready(engine, profile.request_model),
                         profile.request_model)
+    if profile.nodes is not None and profile.nodes.rank > 0:
+        ready = FOLLOWER_READY
     probe_host = WILDCARD_HOSTS.get(host, host)
     public = advertise_host or probe_host
     return ServerSpec(

@@ -75,6 +75,21 @@ def version_warnings(version: EngineVersion) -> List[str]:
     return warnings
 
 
+def _multinode_flags(profile: Profile, where: str) -> List[str]:
+    """--nnodes/--node-rank/--dist-init-addr (the same spelling in every pinned release). SGLang
+    splits the TP ranks evenly over the nodes (0.5.10 asserts it; 0.5.23 computes tp_size // nnodes
+    per node), so a tp that does not divide is refused here rather than failing on the GPUs."""
+    nodes = profile.nodes
+    if profile.tp is None:
+        raise ProfileError(f"{where}: nodes needs tp, the tensor-parallel size over all "
+                           f"{nodes.nnodes} nodes (e.g. {8 * nodes.nnodes} for 8 GPUs each)")
+    if profile.tp % nodes.nnodes:
+        raise ProfileError(f"{where}: tp {profile.tp} is not divisible by the {nodes.nnodes} nodes; "
+                           f"SGLang gives each node tp / nnodes GPUs: set tp to a multiple of {nodes.nnodes}")
+    return ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.rank),
+            "--dist-init-addr", nodes.dist_init_addr]
+
+
 def render_sglang(profile: Profile, version: EngineVersion, python: str, host: str,
                   port: int) -> Tuple[List[str], dict, List[str]]:
     """Return (argv, env servelab sets, notes). Raises ProfileError for what SGLang cannot do."""
@@ -127,6 +142,8 @@ def render_sglang(profile: Profile, version: EngineVersion, python: str, host: s
                      "max_running_requests is set")
     if profile.enable_metrics:
         cmd.append("--enable-metrics")
+    if profile.nodes is not None:
+        cmd += _multinode_flags(profile, where)
     if profile.spec_v2 is not None:
         env_name, _engine_default = _spec_v2_switch(version)
         if env_name:
