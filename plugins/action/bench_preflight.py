@@ -48,6 +48,20 @@ def _first_line(exc: Exception) -> str:
     return (text.splitlines() or [type(exc).__name__])[0]
 
 
+def _addresses(hostvars, groups) -> dict:
+    """Every inventory host's address as the others reach it (ansible_host, else its name): rank 0's
+    is a multi-node profile's dist-init address."""
+    hosts = {host for members in groups.values() for host in members}
+    found = {}
+    for host in sorted(hosts):
+        try:
+            value = hostvars.raw_get(host).get("ansible_host")
+        except Exception:  # noqa: BLE001 - a host without variables is reached by its name
+            value = None
+        found[host] = str(value) if isinstance(value, str) and value and "{" not in value else host
+    return found
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
@@ -96,8 +110,10 @@ class ActionModule(ActionBase):
         if isinstance(profiles, list):
             for i, item in enumerate(profiles):
                 origins["bench_profiles[%d]" % i] = _origin(item) or origins["bench_profiles"]
+        groups = {str(k): [str(h) for h in v] for k, v in (task_vars.get("groups") or {}).items()}
         return pf.HostInput(host=host, values=values, given=given,
-                            origins={k: v for k, v in origins.items() if v}, errors=errors)
+                            origins={k: v for k, v in origins.items() if v}, errors=errors,
+                            groups=groups, addresses=_addresses(hostvars, groups))
 
     # -----------------------------------------------------------------------------------------
     # Checks on a host, through the module

@@ -29,6 +29,31 @@ def multinode_nodes(nodes, this, groups, hostvars, default_port=None, profile="?
         raise AnsibleFilterError(str(err)) from None
 
 
+def multinode_steps(nodes):
+    """The start sequence of a resolved node group: every rank launched in rank order (rank 0 first:
+    it hosts the store the others join), then waited for, the other ranks first and rank 0 last
+    (ready when it generates, which needs them all). [{host, rank, wait}, ...]"""
+    hosts = list(nodes["hosts"])
+    launch = [{"host": host, "rank": rank, "wait": False} for rank, host in enumerate(hosts)]
+    ready = [{"host": host, "rank": rank, "wait": True} for rank, host in enumerate(hosts) if rank > 0]
+    return launch + ready + [{"host": hosts[0], "rank": 0, "wait": True}]
+
+
+def multinode_rank_records(results):
+    """The waited-for results of the start loop -> {host: what that rank runs}, for the manifest."""
+    records = {}
+    for result in results or []:
+        step = result.get("__bench_step") or {}
+        if not step.get("wait"):
+            continue
+        records[step["host"]] = {
+            "rank": step["rank"], "cmdline": result.get("cmdline"), "config_hash": result.get("config_hash"),
+            "pid": result.get("pid"), "ready_seconds": result.get("ready_seconds"),
+        }
+    return records
+
+
 class FilterModule:
     def filters(self):
-        return {"multinode_nodes": multinode_nodes}
+        return {"multinode_nodes": multinode_nodes, "multinode_steps": multinode_steps,
+                "multinode_rank_records": multinode_rank_records}

@@ -134,6 +134,16 @@ options:
     description: Stop the server (whole tree) when it fails to become ready.
     type: bool
     default: true
+  wait:
+    description:
+      - Wait until the server is ready (C(true)), or return once it is launched (C(false)). A later
+        C(state=started) call with the same config waits for it (up to I(ready_timeout) while it
+        never was ready).
+      - For the ranks of a multi-node profile (I(profile.nodes)), which become ready only together:
+        each is launched with C(wait=false), then waited for. A rank that is not ready then fails
+        the task instead of being restarted alone (the others would wait for it forever).
+    type: bool
+    default: true
   api_key:
     description:
       - The engine's API key. SGLang gets C(--api-key); vLLM does not yet (its readiness probe
@@ -377,6 +387,7 @@ ARGUMENT_SPEC = dict(
     cgroup=dict(type="str", default="auto"),
     verify_flags=dict(type="bool", default=True),
     stop_on_failure=dict(type="bool", default=True),
+    wait=dict(type="bool", default=True),
     api_key=dict(type="str", no_log=True),
     secret_names=dict(type="list", elements="str", default=[], no_log=False),
 )

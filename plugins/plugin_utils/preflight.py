@@ -56,6 +56,11 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads
     check_spec,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.server.manager import NAME_RE
+from ansible_collections.servelab.serving.plugins.module_utils.server.multinode import (
+    DEFAULT_DIST_INIT_PORT,
+    NodesError,
+    resolve_nodes,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import (
     PROFILE_KEYS,
     ProfileError,
@@ -173,6 +178,9 @@ class HostInput:
     errors: Dict[str, str] = field(default_factory=dict)      # name -> templating error
     # Whether its bench_client is this host's machine (fleet_checks.same_machine; None: unknown).
     client_is_local: Optional[bool] = None
+    # The inventory, for multi-node profiles (nodes.group): groups -> hosts, host -> ansible_host.
+    groups: Dict[str, List[str]] = field(default_factory=dict)
+    addresses: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -680,6 +688,10 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
         profile = {"model": v.get("bench_model")}
         profile.update({k: plain(val) for k, val in raw.items() if k not in PROFILE_ROLE_KEYS})
         try:
+            if "nodes" in profile:   # as the bench role resolves it (filter multinode_nodes)
+                profile["nodes"] = resolve_nodes(profile["nodes"], inp.host, inp.groups, inp.addresses,
+                                                 default_port=v.get("bench_dist_init_port", DEFAULT_DIST_INIT_PORT),
+                                                 where="nodes")
             resolved = resolve_profile(profile)
             rendered = render_server(
                 resolved, engine, bind, port, python,
@@ -688,7 +700,7 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
                 engine_version=SGLANG_DEFAULT_VERSION if engine == "sglang" else None,
                 module_env={str(k): str(val) for k, val in env.items() if val is not None},
                 simulator_script=os.path.join(state_dir, instance, SCRIPT_NAME))
-        except ProfileError as exc:
+        except (ProfileError, NodesError) as exc:
             problem("%s: %s" % (label, _strip_profile_prefix(str(exc), name)))
             continue
         first_model = first_model or rendered.model

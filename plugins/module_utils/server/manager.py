@@ -78,6 +78,7 @@ class ServerRequest:
     cgroup: str = "auto"
     verify_flags: bool = True
     stop_on_failure: bool = True
+    wait: bool = True                   # False: launch and return (the ranks of a multi-node profile)
     api_key: Optional[str] = None       # the engine's API key (SGLang --api-key)
     secret_names: List[str] = field(default_factory=list)   # redact.Rules.of: names and flags
     check_mode: bool = False
@@ -367,6 +368,9 @@ def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
         ready=dataclasses.asdict(spec.ready))
     server_state.save(req.state_dir, state, rules)   # first: a failed wait can still be stopped
     result.pid, result.cgroup, result.cgroup_reason = launched.pid, launched.cgroup, launched.cgroup_reason
+    if not req.wait:
+        result.reason += "; launched, not waited for (wait=false)"
+        return
     try:
         seconds = wait_ready(spec.probe_host, spec.port, spec.ready, req.ready_timeout,
                              launched.log_path, launched.process.poll,
@@ -412,16 +416,30 @@ def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[st
         # gets restarted); one that never was ready may still be loading: give it the full time.
         budget = req.probe_timeout if state.ready_seconds is not None else req.ready_timeout
         try:
-            wait_ready(spec.probe_host, spec.port, spec.ready,
-                       0.0 if req.check_mode else budget, state.log_path,
-                       exit_code, probe_timeout=req.probe_timeout)
+            seconds = wait_ready(spec.probe_host, spec.port, spec.ready,
+                                 0.0 if req.check_mode else budget, state.log_path,
+                                 exit_code, probe_timeout=req.probe_timeout)
             result.changed, result.action = False, "unchanged"
             result.reason = "the same config is already serving"
             result.pid, result.cgroup = state.pid, state.cgroup
-            result.ready_seconds = state.ready_seconds
+            if state.ready_seconds is None and not req.check_mode:
+                # Launched with wait=false: ready now, counted from its start.
+                state.ready_seconds = round(max(0.0, time.time() - (state.started_at or time.time())), 3)
+                server_state.save(req.state_dir, state)
+            result.ready_seconds = state.ready_seconds if state.ready_seconds is not None else seconds
             _scan(result, spec.engine)
             return result
         except NotReady as exc:
+            if _multinode(req) and not req.check_mode:
+                # Restarting one rank alone cannot work: the others wait for the group it left.
+                findings = scan_log(state.log_path, spec.engine)
+                raise ServerError(
+                    f"server {req.name} (rank of a multi-node profile) is not ready: {exc.reason}; "
+                    f"a rank is not restarted alone: stop every rank and start the group again"
+                    f"\n--- last lines of {state.log_path} ---\n{exc.log_tail}",
+                    log_tail=exc.log_tail, exit_code=exc.exit_code, cmd=list(spec.cmd),
+                    cmdline=spec.cmdline, log_path=state.log_path,
+                    features_skipped=findings.features_skipped) from None
             result.action, result.reason = "restarted", f"the running server is not ready: {exc.reason}"
     elif running and req.state == "started":
         result.action = "restarted"
@@ -441,6 +459,10 @@ def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[st
     _start(req, spec, sim_source, result, salt, rules, secrets)
     _scan(result, spec.engine)
     return result
+
+
+def _multinode(req: ServerRequest) -> bool:
+    return isinstance(req.profile, Mapping) and req.profile.get("nodes") is not None
 
 
 def redact_result(result: ServerResult, rules: redact.Rules, secrets) -> ServerResult:

@@ -1,0 +1,150 @@
+"""bench.yml with a multi-node profile: two ranks on loopback (node-a 127.0.0.1 in gpu_servers, node-b
+127.0.0.2 outside it, one inventory group `pair`), through the `command` engine with a stand-in
+rank (tests/data/sglang/fake_multinode_rank.py: rank 0 hosts the dist-init store and generates only
+once every rank joined, as SGLang; rank 1 joins it and serves /health). Rank 1 is killed during the
+sweep: the profile's always-section must still stop every rank, rank 0 first, and leave nothing.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+import ansible_runner
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+FAKE_RANK = os.path.join(REPO, "tests", "data", "sglang", "fake_multinode_rank.py")
+SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open("/proc/%d/stat" % pid).read().split(") ", 1)[1].startswith("Z")
+
+
+def _inventory(tmp_path) -> str:
+    path = tmp_path / "inventory.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
+    node_a = dict(local, ansible_host="127.0.0.1", bench_state_dir=str(tmp_path / "servers-a"))
+    node_b = dict(local, ansible_host="127.0.0.2", bench_server_bind="127.0.0.2",
+                  bench_state_dir=str(tmp_path / "servers-b"))
+    path.write_text(yaml.safe_dump({"all": {"children": {
+        "gpu_servers": {"hosts": {"node-a": node_a}},
+        "bench_clients": {"hosts": {"localhost": local}},
+        "pair": {"hosts": {"node-a": {}, "node-b": node_b}},
+    }}}))
+    return str(path)
+
+
+def _kill_rank_1_during_the_sweep(results_root, events_file, done, killed):
+    """When the ranks are recorded ready (the manifest's `nodes`, written just before the sweep),
+    SIGKILL rank 1, as a host that dies under load."""
+    while not done.is_set():
+        for manifest in glob.glob(os.path.join(str(results_root), "*", "manifest.json")):
+            try:
+                text = open(manifest).read()
+            except OSError:
+                continue
+            if '"nodes"' in text and os.path.exists(events_file):
+                pids = re.findall(r"rank=1 launched pid=(\d+)", open(events_file).read())
+                if pids:
+                    time.sleep(0.5)  # into the sweep
+                    os.kill(int(pids[0]), signal.SIGKILL)
+                    killed.append(int(pids[0]))
+                    return
+        time.sleep(0.1)
+
+
+def test_ranks_start_in_order_serve_from_rank_0_and_stop_together(tmp_path):
+    events_file = str(tmp_path / "rank-events.log")
+    port = _free_port()
+    profile = {
+        "name": "pair", "engine": "command", "nodes": {"group": "pair", "nnodes": 2},
+        "command": ["{python}", FAKE_RANK, "--host", "{host}", "--port", "{port}",
+                    "--node-rank", "{node_rank}", "--nnodes", "{nnodes}", "--dist-init-addr", "{dist_init_addr}",
+                    "--events", events_file, "--simulator", SIMULATOR,
+                    "--profile", "baseline", "--time-scale", "10", "--model-name", "{model}"],
+    }
+    extravars = {
+        "bench_profiles": [profile], "bench_concurrency": [1, 2], "bench_level_seconds": 2,
+        "bench_warmup_requests": 1, "bench_server_port": port, "bench_dist_init_port": _free_port(),
+        "bench_server_ready_timeout": 60, "bench_reap": False, "bench_gpu_telemetry": False,
+        "bench_workload": {"kind": "synthetic", "input_tokens": 64, "output_tokens": 32, "count": 8},
+        "bench_max_tokens": 32,
+    }
+    env = {"PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
+           "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
+           "SERVELAB_RESULTS_ROOT": str(tmp_path / "results")}
+    (tmp_path / "runner").mkdir()
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_rank_1_during_the_sweep,
+                              args=(tmp_path / "results", events_file, done, killed), daemon=True)
+    killer.start()
+    try:
+        r = ansible_runner.run(private_data_dir=str(tmp_path / "runner"), project_dir=REPO,
+                               playbook=os.path.join(REPO, "bench.yml"), inventory=_inventory(tmp_path),
+                               extravars=extravars, envvars=env, quiet=True, timeout=600)
+    finally:
+        done.set()
+        killer.join(5)
+    out = r.stdout.read()
+    events = open(events_file).read().splitlines()
+    pids = {int(rank): int(pid) for rank, pid in re.findall(r"rank=(\d) launched pid=(\d+)", "\n".join(events))}
+    try:
+        assert r.rc == 0, out[-5000:]
+        assert killed, "rank 1 was never seen ready: the kill did not happen\n" + "\n".join(events)
+
+        def at(pattern):
+            return next(i for i, line in enumerate(events) if re.search(pattern, line))
+
+        # Rank order: rank 0 launched first; it served only once rank 1 had joined its store.
+        assert at(r"rank=0 launched") < at(r"rank=1 launched") < at(r"rank=1 joined")
+        assert at(r"rank=1 joined") < at(r"rank=0 all 2 ranks joined; serving"), events
+
+        # The start loop: both launched (rank order), then rank 1 ready, then rank 0 ready.
+        starts = [e["event_data"]["res"]["__bench_step"] for e in r.events
+                  if e.get("event") == "runner_item_on_ok" and e["event_data"].get("task", "").startswith(
+                      "Start the ranks of pair in rank order")]
+        assert [(s["host"], s["wait"]) for s in starts] == [
+            ("node-a", False), ("node-b", False), ("node-b", True), ("node-a", True)]
+
+        # Stopped together although rank 1 had died: every rank's stop ran, rank 0 first.
+        stops = [e["event_data"]["res"]["__bench_node"] for e in r.events
+                 if e.get("event") == "runner_item_on_ok"
+                 and e["event_data"].get("task") == "Stop every rank of pair (rank 0 first)"]
+        assert stops == ["node-a", "node-b"], out[-3000:]
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids.values() if _alive(pid)], "a rank survived the stop"
+
+        # The sweep measured rank 0; the manifest records what each rank ran.
+        manifest = json.load(open(glob.glob(str(tmp_path / "results" / "*" / "manifest.json"))[0]))
+        record = manifest["profiles"]["pair"]["node-a"]
+        assert record["status"] == "finished", record
+        assert {host: node["rank"] for host, node in record["nodes"].items()} == {"node-a": 0, "node-b": 1}
+        assert "--node-rank 1" in record["nodes"]["node-b"]["cmdline"]
+        assert "--dist-init-addr 127.0.0.1:%d" % extravars["bench_dist_init_port"] in record["cmdline"]
+    finally:
+        for pid in pids.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
