@@ -354,3 +354,30 @@ def test_same_name_in_two_state_dirs_are_two_servers(lab, tmp_path):
             run(lab.request(name, state="stopped", state_dir=other_dir))
         except ServerError:
             pass
+
+
+def test_wait_false_launches_and_a_later_call_waits_for_it(lab):
+    """The ranks of a multi-node profile: launched without waiting, then waited for."""
+    name, port = unique("nowait"), free_port()
+    profile = fake_profile("nowait", "--listen-early", "2")
+    launched = lab.run(name, engine="command", port=port, profile=profile, wait=False)
+    assert (launched.changed, launched.action, launched.ready_seconds) == (True, "started", None)
+    assert "not waited for" in launched.reason and lifetime.is_alive(launched.pid)
+    waited = lab.run(name, engine="command", port=port, profile=profile)
+    assert (waited.changed, waited.action, waited.pid) == (False, "unchanged", launched.pid)
+    assert waited.ready_seconds >= 1.5     # counted from the launch: it refused for 2 s
+    assert server_state.load(lab.state_dir, name).ready_seconds == waited.ready_seconds
+
+
+def test_a_rank_that_is_not_ready_fails_and_is_not_restarted_alone(lab):
+    name, port = unique("rank"), free_port()
+    profile = dict(fake_profile("rank", "--listen-early", "600"),
+                   nodes={"hosts": ["a", "b"], "this": "b", "addresses": {"a": "127.0.0.1"}, "port": 50000})
+    launched = lab.run(name, engine="command", port=port, profile=profile, wait=False)
+    with pytest.raises(ServerError) as err:
+        lab.run(name, engine="command", port=port, profile=profile, ready_timeout=2)
+    assert "rank of a multi-node profile" in err.value.msg and "not restarted alone" in err.value.msg
+    state = server_state.load(lab.state_dir, name)
+    # Rank 1's readiness is SGLang's stand-in GET /health (the fake has none: 404).
+    assert state.ready["path"] == "/health" and "HTTP 404" in err.value.msg
+    assert state.pid == launched.pid and lifetime.is_alive(launched.pid), "it must not have been restarted"

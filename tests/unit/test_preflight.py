@@ -605,3 +605,38 @@ def test_the_target_checks_touch_nothing(tmp_path):
     item["request"]["state_dir"] = str(tmp_path / "servers")
     assert target.run_checks([], [item]) == []
     assert not (tmp_path / "servers").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-node profiles (nodes): resolved against the inventory before anything starts
+def nodes_host(name="gpu1", nodes=None, tp=16, **given):
+    profile = {"name": "big", "engine": "sglang", "model": "/m", "tp": tp,
+               "nodes": nodes or {"group": "pair"}}
+    inp = host(name, bench_profiles=[profile], **given)
+    inp.groups = {"pair": ["gpu1", "gpu2"], "gpu_servers": ["gpu1"]}
+    inp.addresses = {"gpu1": "10.0.0.11", "gpu2": "10.0.0.12"}
+    return inp
+
+
+def test_a_two_node_profile_passes_and_its_rank_0_flags_are_checked_on_the_host():
+    report = run(nodes_host())
+    assert report.problems == [], texts(report)
+    request = report.target_checks[0].servers[0]["request"]
+    assert request["profile"]["nodes"] == {"group": "pair", "hosts": ["gpu1", "gpu2"], "port": 50000, "nnodes": 2,
+                                           "addresses": {"gpu1": "10.0.0.11", "gpu2": "10.0.0.12"}, "this": "gpu1"}
+
+
+@pytest.mark.parametrize("nodes, given, message", [
+    ({"group": "trio"}, {}, "nodes.group 'trio' is not a group of the inventory"),
+    ({"group": "pair", "nnodes": 3}, {}, "nodes.nnodes is 3 but group 'pair' has 2 host(s)"),
+    ({"hosts": ["gpu2", "gpu3"]}, {}, "gpu1 is not in nodes.hosts (gpu2, gpu3)"),
+    ({"group": "pair"}, {"bench_dist_init_port": 80}, "nodes.port must be in 1024-65530"),
+])
+def test_a_bad_node_group_stops_the_run_naming_the_profile(nodes, given, message):
+    msg = only(run(nodes_host(nodes=nodes, **given)), "bench_profiles[0] (big)")
+    assert message in msg
+
+
+def test_tp_that_does_not_split_over_the_nodes_is_refused():
+    msg = only(run(nodes_host(tp=9)), "bench_profiles[0] (big)")
+    assert "tp 9 is not divisible by the 2 nodes" in msg

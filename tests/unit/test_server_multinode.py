@@ -4,7 +4,11 @@ the controller-side filter)."""
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.servelab.serving.plugins.filter.multinode import multinode_nodes
+from ansible_collections.servelab.serving.plugins.filter.multinode import (
+    multinode_nodes,
+    multinode_rank_records,
+    multinode_steps,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.server.multinode import (
     NodesError,
     parse_nodes,
@@ -103,3 +107,15 @@ def test_the_filter_reads_the_inventory_and_names_the_profile():
                    "port": 52000, "nnodes": 2, "this": "gpu-b"}
     with pytest.raises(AnsibleFilterError, match=r"bench_profiles big: nodes.group 'missing' is not a group"):
         multinode_nodes({"group": "missing"}, "gpu-b", groups, hostvars, None, "big")
+
+
+def test_the_start_sequence_launches_in_rank_order_and_waits_for_rank_0_last():
+    nodes = resolved("gpu-b")
+    assert [(s["host"], s["rank"], s["wait"]) for s in multinode_steps(nodes)] == [
+        ("gpu-a", 0, False), ("gpu-b", 1, False), ("gpu-c", 2, False),
+        ("gpu-b", 1, True), ("gpu-c", 2, True), ("gpu-a", 0, True)]
+    results = [{"__bench_step": step, "cmdline": "srv --rank %d" % step["rank"], "config_hash": "h%d" % step["rank"],
+                "pid": 100 + step["rank"], "ready_seconds": 1.5} for step in multinode_steps(nodes)]
+    assert multinode_rank_records(results) == {
+        host: {"rank": rank, "cmdline": "srv --rank %d" % rank, "config_hash": "h%d" % rank, "pid": 100 + rank,
+               "ready_seconds": 1.5} for rank, host in enumerate(nodes["hosts"])}
