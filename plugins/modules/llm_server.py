@@ -139,9 +139,9 @@ options:
       - Wait until the server is ready (C(true)), or return once it is launched (C(false)). A later
         C(state=started) call with the same config waits for it (up to I(ready_timeout) while it
         never was ready).
-      - For the ranks of a multi-node profile (I(profile.nodes)), which become ready only together:
-        each is launched with C(wait=false), then waited for. A rank that is not ready then fails
-        the task instead of being restarted alone (the others would wait for it forever).
+      - The ranks of a multi-node profile (I(profile.nodes)) become ready only together, so each
+        is launched with C(wait=false), then waited for. A rank that is not ready then fails the
+        task instead of being restarted alone (the others would wait for it forever).
     type: bool
     default: true
   api_key:

@@ -123,14 +123,14 @@ def test_ranks_start_in_order_serve_from_rank_0_and_stop_together(tmp_path):
         # The start loop: both launched (rank order), then rank 1 ready, then rank 0 ready.
         starts = [e["event_data"]["res"]["__bench_step"] for e in r.events
                   if e.get("event") == "runner_item_on_ok" and e["event_data"].get("task", "").startswith(
-                      "Start the ranks of pair in rank order")]
+                      "Start the ranks in rank order, then wait for them, rank 0 last - pair")]
         assert [(s["host"], s["wait"]) for s in starts] == [
             ("node-a", False), ("node-b", False), ("node-b", True), ("node-a", True)]
 
         # Stopped together although rank 1 had died: every rank's stop ran, rank 0 first.
         stops = [e["event_data"]["res"]["__bench_node"] for e in r.events
                  if e.get("event") == "runner_item_on_ok"
-                 and e["event_data"].get("task") == "Stop every rank of pair (rank 0 first)"]
+                 and e["event_data"].get("task") == "Stop every rank, rank 0 first - pair"]
         assert stops == ["node-a", "node-b"], out[-3000:]
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
