@@ -2,7 +2,8 @@
 root filesystem, Lab.add_container) and a third gpu_servers host that nothing answers for. 130 gets the
 repository whose 13.0.1 nvcc cannot start. With the defaults (one host at a time, stop at the first
 failure) 129 is upgraded and verified, 130 fails and is rolled back, the rollout stops there and the
-third host is never contacted. A second rolling run over the converged hosts changes nothing.
+third host is never contacted. A second rolling run over the converged hosts changes nothing, and
+two at a time the broken host's failure does not cut its batch mate off.
 """
 from __future__ import annotations
 
@@ -122,3 +123,21 @@ def test_a_second_rolling_run_over_the_converged_hosts_changes_nothing(lab, flee
     run = lab.run_playbook(UPGRADE, inventory=fleet.inventory, limit="pve1,%s" % FIRST_HOST)
     assert run.rc == 0, run.failure_text()
     assert run.changed() == 0, "second run changed something:\n" + run.stdout[-5000:]
+
+
+def test_two_at_a_time_the_broken_host_does_not_cut_its_batch_mate_off(lab, fleet, rollout):
+    """gpu_stack_serial 2: 129 (converged) and 130 (broken again) in one batch. 130's failure is held
+    to the batch's end, so 129 runs every task of the play (Ansible would otherwise end the play at
+    130's failed task); 129 changes nothing; the rollout stops after the batch, the third host untouched."""
+    assert rollout.failed(FIRST_HOST) == 0, "the rollout itself failed on the first host"
+    run = lab.run_playbook(UPGRADE, inventory=fleet.inventory, extravars={"gpu_stack_serial": 2})
+    assert run.rc != 0
+    assert run.changed(FIRST_HOST) == 0 and run.failed(FIRST_HOST) == 0, run.failure_text()
+    assert "CUDA 13.0.1 on %s failed, so the previous toolkit was put back" % SECOND_HOST in failure_messages(run)
+    assert selected(lab, SECOND) == "/usr/local/cuda-12.8" and selected(lab) == "/usr/local/cuda-13.0"
+    events = [(host, task) for host, task, play, _event in task_events(run) if play == STACK_PLAY]
+    # 129 reached the play's last task (skipped there; 130 failed at it): it was not cut off.
+    first_tasks = [task for host, task in events if host == FIRST_HOST]
+    assert first_tasks[-1] == ROLLOUT_STOP and "servelab: CUDA stack before -> after" in first_tasks, first_tasks
+    assert (SECOND_HOST, ROLLOUT_STOP) in events
+    assert AFTER_HOST not in {host for host, _task in events}
