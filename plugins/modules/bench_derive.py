@@ -11,15 +11,17 @@ module: bench_derive
 short_description: Derive the profile that switches speculation by load from a measured crossover
 description:
   - Runs on the controller (action plugin). Reads the run's levels of one host, finds where the
-    speculative profile O(source) falls below O(baseline) (the report's crossover) and derives
-    the largest batch that still speculates.
+    speculative profile O(source) falls below O(baseline) (the report's crossover; where it only
+    tied at low load, the level after which it stops paying) and derives the largest batch that
+    still speculates.
   - O(kind=schedule) returns a profile to run like any other; for vLLM the speculative profile
     with C(speculative.tokens_per_batch_size) (vLLM's C(num_speculative_tokens_per_batch_size)),
     for the simulator its dynamic mode standing in for it.
   - O(kind=router) returns two half profiles (each on half the GPUs) and the HAProxy
     configuration that sends a request to the speculative one while it has fewer than that batch
     in flight.
-  - Without a crossover on the host, C(skipped) says why and nothing is to run.
+  - Where the source never fell below the baseline after holding it, C(skipped) says why and
+    nothing is to run.
 version_added: "0.1.0"
 author: servelab (!UNKNOWN)
 options:

@@ -177,14 +177,19 @@ def derive(results_dir: str, host: str, kind: str, engine: str, profiles: list, 
     spec, base = _profile(profiles, source), _profile(profiles, baseline)
     out = Derived(kind=kind, name=f"{source}_{kind}", source=source, baseline=baseline)
     cross = measured_crossover(results_dir, host, baseline, source)
-    if cross is None or cross.status != "crossed":
+    if cross is None or not cross.stops_paying:
         out.crossover = cross.text if cross is not None else f"no levels of {source} on {host}"
-        out.skipped = (f"{source} on {host} did not cross {baseline} in this run "
-                       f"({out.crossover}), so there is no load to switch speculation at")
+        out.skipped = (f"{source} on {host} never fell below {baseline} after holding it in "
+                       f"this run ({out.crossover}), so there is no load to switch speculation at")
         return out
     out.crossover = cross.text
-    out.max_batch = speculation_max_batch(cross.bracket[0] if cross.bracket else None,
-                                          cross.concurrency, cross.estimate)
+    if cross.status == "crossed":
+        out.max_batch = speculation_max_batch(cross.bracket[0] if cross.bracket else None,
+                                              cross.concurrency, cross.estimate)
+    else:
+        # Tied, then below: speculation is kept up to the last tied level and no further (no
+        # estimate: a tie says nothing about where between the two levels it turns).
+        out.max_batch = speculation_max_batch(cross.stops_paying[0], cross.stops_paying[1], None)
     if kind == "schedule":
         return derive_schedule(out, engine, spec, base, simulator_schedule)
     return derive_router(out, engine, spec, base, listen_host, (port, port + 1, port + 2),

@@ -298,3 +298,31 @@ def test_a_derived_profile_is_derived_from_the_crossover_of_the_means(tmp_path):
     cross = measured_crossover(write_run(tmp_path / "tie", 3, low_gain=1.0), "h1", "baseline",
                                "eagle3")
     assert cross.status == "never_won" and cross.tied_at == [1, 2]
+
+
+def test_a_profile_that_only_ties_then_loses_still_says_where_it_stops_paying(tmp_path):
+    """Tied at C=1-2 (the repeats' spread), below from C=4: no crossover, but speculation stops
+    paying between C=2 and C=4, and bench_derive builds its schedule from that."""
+    from ansible_collections.servelab.serving.plugins.plugin_utils.derive import derive
+
+    run = write_run(tmp_path / "tie", 3, low_gain=1.0)
+    report = build_report(run, with_plots=False)
+    [cross] = report.crossover_details
+    assert cross["status"] == "never_won" and cross["stops_paying"] == [2, 4]
+    assert "it stops paying (from tied to below) between C=2 and C=4" in cross["text"]
+    profiles = [{"name": "eagle3", "simulator": {"profile": "eagle3"}},
+                {"name": "baseline", "simulator": {"profile": "baseline"}}]
+    derived = derive(run, "h1", "schedule", "simulator", profiles, "eagle3", "baseline")
+    assert derived.skipped == "" and derived.max_batch == 2
+    crossed = build_report(write_run(tmp_path / "won", 3, low_gain=1.2), with_plots=False)
+    assert crossed.crossover_details[0]["stops_paying"] == [2, 4]
+
+
+def test_a_profile_that_never_falls_below_has_nothing_to_derive(tmp_path):
+    from ansible_collections.servelab.serving.plugins.plugin_utils.derive import derive
+
+    run = write_run(tmp_path / "win", 1, low_gain=1.2)
+    profiles = [{"name": "eagle3", "simulator": {"profile": "eagle3"}},
+                {"name": "baseline", "simulator": {"profile": "baseline"}}]
+    derived = derive(run, "h1", "schedule", "simulator", profiles, "baseline", "eagle3")
+    assert derived.skipped and "no load to switch speculation at" in derived.skipped

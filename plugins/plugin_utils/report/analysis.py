@@ -94,6 +94,11 @@ class Crossover:
     tied_at: list = field(default_factory=list)   # within the two 95% half-widths (is_tie)
     excluded: list = field(default_factory=list)
     text: str = ""
+    # Where speculation stops paying: [the last level it won or tied, the first clear loss after
+    # it]. Set whenever a clear loss follows a level it held, a crossing or not: a profile that
+    # only ties at low load and loses above (short windows resolve a 4 % lead as a tie) still
+    # has a load above which it should be off, and the derived schedule is built from it.
+    stops_paying: list | None = None
 
 
 @dataclass
@@ -267,8 +272,10 @@ def _crossover_for(
     cross.won_at = [c for c in common if diff[c] > 0 and c not in tied]
     cross.lost_at = [c for c in common if diff[c] < 0 and c not in tied]
     cross.tied_at = sorted(tied)
-    last_win = None
+    last_win = last_held = None
     for c in common:
+        if c in cross.lost_at and last_held is not None and cross.stops_paying is None:
+            cross.stops_paying = [last_held, c]
         if c in cross.lost_at and last_win is not None:
             cross.status = "crossed"
             cross.concurrency = c
@@ -297,6 +304,8 @@ def _crossover_for(
             return cross
         if c in cross.won_at:
             last_win = c
+        if c in cross.won_at or c in cross.tied_at:
+            last_held = c
     span = level_ranges(common)
     if not cross.won_at and cross.tied_at:
         cross.status = "never_won"
@@ -305,6 +314,8 @@ def _crossover_for(
             f"usable levels ({span}): tied at {level_runs(cross.tied_at, common)}"
             + (f", below at {level_runs(cross.lost_at, common)}" if cross.lost_at else "")
             + "; no crossover"
+            + (f"; it stops paying (from tied to below) between C={cross.stops_paying[0]} and "
+               f"C={cross.stops_paying[1]}" if cross.stops_paying else "")
         )
     elif not cross.won_at:
         cross.status = "never_won"
