@@ -795,23 +795,22 @@ class RxStampTransport:
     def detach(self) -> socket.socket:
         """Stop serving the socket and return it, open, without a connection_lost (the open
         loop hands an idle connection back to its sender process)."""
+        self._stop_serving()
+        return self._sock
+
+    def _stop_serving(self) -> None:
+        """No more reads or writes through this transport (a close, or a hand-back)."""
         self._closing = True
         self._lost_scheduled = True
         self._loop.remove_reader(self._fd)
         if self._wbuf:
             self._wbuf.clear()
             self._loop.remove_writer(self._fd)
-        return self._sock
 
     def _force_close(self, exc) -> None:
         if self._lost_scheduled:
             return
-        self._closing = True
-        self._lost_scheduled = True
-        self._loop.remove_reader(self._fd)
-        if self._wbuf:
-            self._wbuf.clear()
-            self._loop.remove_writer(self._fd)
+        self._stop_serving()
         self._loop.call_soon(self._connection_lost, exc)
 
     def _connection_lost(self, exc) -> None:
