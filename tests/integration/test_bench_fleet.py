@@ -14,7 +14,6 @@ time_scale.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
@@ -24,11 +23,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import pytest
 
+from playbookproc import PlaybookProcess  # tests/ (conftest.py)
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
@@ -119,7 +118,7 @@ def inventory(net: FleetNet, tmp_path, ports: dict) -> dict:
     }}}
 
 
-class Playbook:
+class Playbook(PlaybookProcess):
     """ansible-playbook bench.yml in its own process group, its output collected."""
 
     def __init__(self, tmp_path, net: FleetNet, inv: dict):
@@ -129,43 +128,8 @@ class Playbook:
                    SERVELAB_RESULTS_ROOT=str(tmp_path / "results"), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1", **net.ssh_env())
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        self.proc = subprocess.Popen(
-            [ANSIBLE_PLAYBOOK, "-i", str(path), "-e", "bench_run_id=" + RUN_ID,
-             os.path.join(REPO, "bench.yml")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-            start_new_session=True)
-        self.lines: list = []
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for_line(self, pattern: str, timeout: float = 180) -> None:
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if any(regex.search(line) for line in list(self.lines)):
-                return
-            time.sleep(0.05)
-        raise AssertionError("no line matching %r; output ends with:\n%s"
-                             % (pattern, "\n".join(self.lines[-80:])))
-
-    def wait(self, timeout: float = 300) -> int:
-        rc = self.proc.wait(timeout)
-        self._reader.join(10)
-        return rc
-
-    def kill(self):
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        super().__init__([ANSIBLE_PLAYBOOK, "-i", str(path), "-e", "bench_run_id=" + RUN_ID,
+                          os.path.join(REPO, "bench.yml")], env, REPO)
 
 
 def server_state(tmp_path, host: str, name: str = "servelab-baseline") -> dict:

@@ -18,12 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import pytest
 
+from playbookproc import PlaybookProcess  # tests/ (conftest.py)
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
@@ -89,7 +89,7 @@ def settings(tmp_path, **overrides):
     return extra
 
 
-class Run:
+class Run(PlaybookProcess):
     """One ansible-playbook bench.yml, in its own process group, its output collected."""
 
     def __init__(self, tmp_path, extra, *cli, results_root=None):
@@ -101,47 +101,9 @@ class Run:
                    SERVELAB_RESULTS_ROOT=str(self.results_root), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1", **{MARK: self.mark})
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [ANSIBLE_PLAYBOOK, "-i", os.path.join(REPO, "inventory", "local"),
-             "-e", "@%s" % varsfile, *cli, os.path.join(REPO, "bench.yml")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-            start_new_session=True)
-        self.lines: list = []
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for_line(self, pattern: str, timeout: float = 180) -> None:
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(regex.search(line) for line in list(self.lines)):
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise AssertionError("no line matching %r; output ends with:\n%s"
-                             % (pattern, "\n".join(self.lines[-60:])))
-
-    def wait(self, timeout: float = 600) -> int:
-        rc = self.proc.wait(timeout)
-        self._reader.join(10)
-        self.seconds = time.monotonic() - self.started
-        return rc
-
-    def kill(self):
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        super().__init__([ANSIBLE_PLAYBOOK, "-i", os.path.join(REPO, "inventory", "local"),
+                          "-e", "@%s" % varsfile, *cli, os.path.join(REPO, "bench.yml")],
+                         env, REPO)
 
 
 @contextlib.contextmanager
