@@ -53,7 +53,10 @@ time); fault knobs (`--stall-ms`, `--startup-delay`) are wall-clock.
 
 Truth (`--truth-log PATH`): one JSON line per finished request (id also in the response `id`,
 `meta_info.id` and the X-Request-Id header), with server CLOCK_MONOTONIC times in ns: t_recv_ns
-(request body complete), chunk_ns and chunk_tokens (one entry per SSE event that carries
+(request body complete: when the server's event loop read it), t_arrive_ns (when the segment
+that completed the request reached the server's socket: the kernel's receive stamp on Linux,
+SO_TIMESTAMPNS; elsewhere, or where the stamp is unusable, the read time; `arrive_basis` says
+which: kernel, read), chunk_ns and chunk_tokens (one entry per SSE event that carries
 tokens), t_admit_ns (admitted to the batch), t_first_ns, t_last_ns, prompt_tokens,
 completion_tokens, finish_reason, error (null or text), malformed_chunks, stalled_ms.
 Buffered; flushed at least every second and at shutdown (SIGTERM/SIGINT).
@@ -85,7 +88,9 @@ import math
 import os
 import random
 import signal
+import socket
 import statistics
+import struct
 import sys
 import time
 from collections import deque
@@ -906,7 +911,7 @@ class SimRequest:
                  "t_first_ns", "t_last_ns", "error", "pieces", "text_seed", "fail_at",
                  "stall_at", "stall_until", "malformed_at", "malformed", "finished", "cancelled",
                  "internal", "future", "created", "prefix", "suffix", "verify_ct", "draws",
-                 "t_admit_ns")
+                 "t_admit_ns", "t_arrive_ns")
 
     def __init__(self):
         self.emitted = 0
@@ -920,12 +925,91 @@ class SimRequest:
         self.malformed = 0
         self.finished = self.cancelled = self.internal = False
         self.t_admit_ns = None
+        self.t_arrive_ns: Optional[int] = None   # kernel receive stamp; None: the read time
         self.future = None
         self.proto = None
         self.verify_ct = 0
         self.draws = None
         self.include_usage = False
         self.continuous_usage = False   # stream_options.continuous_usage_stats (vLLM/SGLang)
+
+
+# Kernel receive stamps for the truth's t_arrive_ns. The read time (t_recv_ns) includes however
+# long a busy machine kept the server's loop from the socket; the kernel's stamp of the segment
+# that completed a request is when the request reached the server, the truth a client's send
+# lateness is measured against. asyncio's selector transport reads with its socket's recv(), so
+# the listening socket hands out a socket whose recv() is a recvmsg() that keeps the stamp.
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("qq")
+_RX_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_RX_MAX_AGE_NS = 10_000_000_000     # older (or more than the skew in the future): a clock step
+_RX_MAX_SKEW_NS = 1_000_000         # the stamp's CPU and ours may disagree by microseconds
+
+
+class _StampedSocket(socket.socket):
+    """An accepted connection whose recv() records the kernel's receive time of the last
+    segment it returned, on the monotonic clock (rx_ns; None where the kernel gave none)."""
+
+    __slots__ = ("rx_ns",)
+
+    def recv(self, bufsize, flags=0):
+        data, ancdata, _flags, _addr = self.recvmsg(bufsize, _RX_ANCILLARY, flags)
+        now = time.monotonic_ns()
+        stamp = None
+        for level, kind, cdata in ancdata:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS \
+                    and len(cdata) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(cdata)
+                age = time.time_ns() - (sec * 1_000_000_000 + nsec)
+                if -_RX_MAX_SKEW_NS <= age < _RX_MAX_AGE_NS:
+                    stamp = now - max(age, 0)
+        self.rx_ns = stamp
+        return data
+
+
+class _StampingListener(socket.socket):
+    """A listening socket (SO_TIMESTAMPNS on, which its connections inherit) whose accept()
+    returns _StampedSocket connections."""
+
+    __slots__ = ()
+
+    def accept(self):
+        fd, addr = self._accept()
+        conn = _StampedSocket(self.family, self.type, self.proto, fileno=fd)
+        conn.rx_ns = None
+        return conn, addr
+
+
+def kernel_rx_stamps_possible() -> bool:
+    return sys.platform.startswith("linux") and bool(_RX_ANCILLARY)
+
+
+def stamping_listener(host: str, port: int, backlog: int) -> Optional[socket.socket]:
+    """A bound, listening _StampingListener for host:port, or None where the host resolves to
+    more than one address or stamps are not possible (the caller then lets asyncio listen)."""
+    if not kernel_rx_stamps_possible():
+        return None
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    addrs = {(fam, sa) for fam, _t, _p, _c, sa in infos}
+    if len(addrs) != 1:
+        return None
+    family, sockaddr = addrs.pop()
+    sock = _StampingListener(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # On the listener, not only on each accepted socket: a segment is stamped when it
+        # arrives only if some socket wants stamps by then, and a client's first request can
+        # arrive before accept() returns. Accepted sockets inherit the option.
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -946,11 +1030,18 @@ class HttpProtocol(asyncio.Protocol):
         self._resume: Optional[asyncio.Future] = None
         self.active: Optional[SimRequest] = None
         self._sent_continue = False
+        self._rx_sock: Optional[_StampedSocket] = None
+        self._rx_ns: Optional[int] = None   # the kernel stamp of the read being processed
 
     # asyncio callbacks
     def connection_made(self, transport):
         self.transport = transport
         self.server.connections.add(self)
+        # The transport's socket wrapper keeps the accepted socket as _sock; anything else
+        # (another event loop, a wrapper without it) leaves t_arrive_ns at the read time.
+        raw = transport.get_extra_info("socket")
+        raw = getattr(raw, "_sock", raw)
+        self._rx_sock = raw if isinstance(raw, _StampedSocket) else None
 
     def connection_lost(self, exc):
         self.closed = True
@@ -975,6 +1066,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def data_received(self, data):
         self.buf += data
+        if self._rx_sock is not None:
+            self._rx_ns = self._rx_sock.rx_ns
         if not self.busy:
             self._process()
 
@@ -1012,6 +1105,9 @@ class HttpProtocol(asyncio.Protocol):
                     self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 return
             t_recv_ns = time.monotonic_ns()
+            # The stamp is this request's arrival only for the first request the read completed
+            # (a pipelined one behind it, or one processed from the buffer later, has none).
+            t_arrive_ns, self._rx_ns = self._rx_ns, None
             body = bytes(self.buf[end + 4:end + 4 + length])
             del self.buf[:end + 4 + length]
             self._sent_continue = False
@@ -1019,7 +1115,8 @@ class HttpProtocol(asyncio.Protocol):
             self.keep_alive = ("close" not in conn) if version == "HTTP/1.1" \
                 else ("keep-alive" in conn)
             self.busy = True
-            self.server.dispatch(self, method, target.split("?", 1)[0], headers, body, t_recv_ns)
+            self.server.dispatch(self, method, target.split("?", 1)[0], headers, body, t_recv_ns,
+                                 t_arrive_ns)
 
     # responses
     def write(self, data: bytes) -> None:
@@ -1119,9 +1216,14 @@ class SimServer:
         self.ready_at = self.started_at + self.cfg.startup_delay
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self._server = await self.loop.create_server(
-            lambda: HttpProtocol(self), self.cfg.host, self.cfg.port, reuse_address=True,
-            backlog=2048)
+        listener = stamping_listener(self.cfg.host, self.cfg.port, 2048)
+        if listener is not None:
+            self._server = await self.loop.create_server(lambda: HttpProtocol(self),
+                                                         sock=listener, backlog=2048)
+        else:
+            self._server = await self.loop.create_server(
+                lambda: HttpProtocol(self), self.cfg.host, self.cfg.port, reuse_address=True,
+                backlog=2048)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.p.mode == "batched":
             self._tasks.append(self.loop.create_task(self._scheduler()))
@@ -1171,12 +1273,12 @@ class SimServer:
 
     # ---- routing
     def dispatch(self, proto: HttpProtocol, method: str, path: str, headers: Mapping[str, str],
-                 body: bytes, t_recv_ns: int) -> None:
+                 body: bytes, t_recv_ns: int, t_arrive_ns: Optional[int] = None) -> None:
         try:
             if path in ("/v1/chat/completions", "/v1/completions", "/generate"):
                 if method != "POST":
                     raise _Fail(405, f"{path} takes POST")
-                self._generation(proto, path, body, t_recv_ns)
+                self._generation(proto, path, body, t_recv_ns, t_arrive_ns)
                 return
             if method not in ("GET", "POST"):
                 raise _Fail(405, f"{path} takes GET")
@@ -1312,7 +1414,7 @@ class SimServer:
                       content_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ---- generation requests
-    def _generation(self, proto, path, body, t_recv_ns):
+    def _generation(self, proto, path, body, t_recv_ns, t_arrive_ns=None):
         if not self.ready():
             raise _Fail(503, "server is starting (--startup-delay); poll /health_generate",
                         "ServiceUnavailableError")
@@ -1336,6 +1438,7 @@ class SimServer:
             natural = max(natural_output_tokens(self.p, key, self.cfg.seed), min_tokens)
             target, reason = (max_tokens, "length") if natural >= max_tokens else (natural, "stop")
         req = self._new_request(api, stream, ptoks, target, reason, proto, t_recv_ns, rid)
+        req.t_arrive_ns = t_arrive_ns
         req.include_usage = include_usage in (True, 2)
         req.continuous_usage = include_usage in (2, 3)
         self.counter += 1
@@ -1727,6 +1830,8 @@ class SimServer:
     def _record(self, req: SimRequest) -> None:
         self.truth.add({
             "id": req.id, "api": req.api, "stream": req.stream, "t_recv_ns": req.t_recv_ns,
+            "t_arrive_ns": req.t_recv_ns if req.t_arrive_ns is None else req.t_arrive_ns,
+            "arrive_basis": "read" if req.t_arrive_ns is None else "kernel",
             "t_admit_ns": req.t_admit_ns, "t_first_ns": req.t_first_ns, "t_last_ns": req.t_last_ns,
             "chunk_ns": req.chunk_ns, "chunk_tokens": req.chunk_tokens,
             "prompt_tokens": req.prompt_tokens, "completion_tokens": req.emitted,

@@ -403,6 +403,57 @@ def test_client_disconnect_is_recorded_and_server_keeps_serving(start_sim):
     assert call(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
 
 
+@pytest.mark.skipif(not sim.kernel_rx_stamps_possible(), reason="kernel receive stamps: Linux")
+def test_truth_t_arrive_is_the_kernel_arrival_not_the_late_read(start_sim):
+    """A request that reaches a server whose loop cannot run (stopped here) is read late: its
+    t_recv_ns is the late read, its t_arrive_ns the kernel's stamp of the arrival, which a
+    client's send lateness is measured against (benchmarks/limit_bench.py, section 6)."""
+    srv = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1")
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    body = json.dumps({"prompt": "x", "max_tokens": 2, "ignore_eos": True})
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+               f"\r\n\r\n{body}").encode()
+    os.kill(srv.pid, signal.SIGSTOP)
+    try:
+        t_send = time.monotonic_ns()
+        sock.sendall(request)
+        t_sent = time.monotonic_ns()
+        time.sleep(0.3)
+    finally:
+        os.kill(srv.pid, signal.SIGCONT)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    assert received.startswith(b"HTTP/1.1 200")
+    sock.close()
+    (r,) = srv.truth_records(1)
+    assert r["arrive_basis"] == "kernel"
+    # The same machine's CLOCK_MONOTONIC on both sides; the stamp's conversion allows 1 ms skew.
+    assert t_send - 1_000_000 <= r["t_arrive_ns"] <= t_sent + 1_000_000, (r, t_send, t_sent)
+    assert r["t_recv_ns"] - r["t_arrive_ns"] >= 250_000_000, r
+
+
+def test_truth_t_arrive_falls_back_to_the_read_time_for_a_pipelined_request(start_sim):
+    """Two requests in one segment: the stamp is the first one's; the second is processed from
+    the buffer after the first finished, so its arrival is not known and it says so."""
+    srv = start_sim("--profile", "fixed", "--step-ms", "1", "--ttft-ms", "1")
+    body = json.dumps({"prompt": "x", "max_tokens": 2, "ignore_eos": True})
+    one = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+           f"\r\n\r\n{body}").encode()
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    sock.sendall(one + one)
+    received = b""
+    deadline = time.monotonic() + 10
+    while received.count(b"HTTP/1.1 200") < 2 and time.monotonic() < deadline:
+        received += sock.recv(65536)
+    sock.close()
+    first, second = srv.truth_records(2)
+    assert second["arrive_basis"] == "read" and second["t_arrive_ns"] == second["t_recv_ns"]
+    if sim.kernel_rx_stamps_possible():
+        assert first["arrive_basis"] == "kernel"
+    assert first["t_arrive_ns"] <= first["t_recv_ns"]
+
+
 # ---- fault knobs ---------------------------------------------------------------------------------
 def test_die_after_exits_the_process(start_sim):
     srv = start_sim("--profile", "fixed", "--step-ms", "2", "--ttft-ms", "2", "--die-after", "3")
