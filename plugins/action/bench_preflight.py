@@ -4,10 +4,10 @@
 Controller mode (`hosts`): gathers each GPU server's bench_* variables as the bench role will see
 them (the host's raw variables over the role's defaults, templated in the host's context) and
 hands them to plugins/plugin_utils/preflight.py; the checks that need another machine (a jsonl
-workload on the bench client, the installed SGLang on a GPU server) run through the
+workload on the bench client, the installed SGLang or HAProxy on a GPU server) run through the
 bench_preflight module: inline when that machine is this task's own host, otherwise they are
-returned as `target_checks` for bench.yml's next task. Target mode (`workloads`, `servers`, the
-task delegated to a host): runs the module there. Documentation: plugins/modules/bench_preflight.py.
+returned as `target_checks` for bench.yml's next task. Target mode (`workloads`, `servers`,
+`executables`, the task delegated to a host): runs the module there. Documentation: plugins/modules/bench_preflight.py.
 """
 from __future__ import annotations
 
@@ -118,9 +118,11 @@ class ActionModule(ActionBase):
     # -----------------------------------------------------------------------------------------
     # Checks on a host, through the module
 
-    def _on_host(self, host: str, workloads, servers, task_vars) -> list:
+    def _on_host(self, host: str, check: dict, task_vars) -> list:
         res = self._execute_module(module_name=MODULE, task_vars=task_vars,
-                                   module_args={"workloads": workloads, "servers": servers})
+                                   module_args={"workloads": check.get("workloads") or [],
+                                                "servers": check.get("servers") or [],
+                                                "executables": check.get("executables") or []})
         problems = [pf.Problem(str(p.get("variable")), str(p.get("message")),
                                str(p.get("where") or ""), tuple(p.get("hosts") or ()))
                     for p in res.get("problems") or ()]
@@ -149,12 +151,13 @@ class ActionModule(ActionBase):
         if args["hosts"] is None:
             # Target mode: bench.yml delegates this task to the host the checks are about.
             host = str(self._task.delegate_to or task_vars.get("inventory_hostname"))
-            problems = self._on_host(host, args["workloads"], args["servers"], task_vars)
+            problems = self._on_host(host, args, task_vars)
             if problems:
                 return self._fail(result, problems, host)
             result.update(problems=[], msg="bench preflight on %s: %d workload(s), %d server "
-                                           "profile(s) checked" % (host, len(args["workloads"]),
-                                                                   len(args["servers"])))
+                                           "profile(s), %d program(s) checked"
+                                           % (host, len(args["workloads"]), len(args["servers"]),
+                                              len(args["executables"])))
             return result
 
         hostvars = task_vars.get("hostvars")
@@ -193,13 +196,14 @@ class ActionModule(ActionBase):
         remaining, inline = [], 0
         for check in report.target_checks:
             if check.host == me:
-                inline += len(check.workloads) + len(check.servers)
-                problems += self._on_host(me, check.workloads, check.servers, task_vars)
+                inline += check.count()
+                problems += self._on_host(me, check.as_dict(), task_vars)
             else:
                 remaining.append(check.as_dict())
         if problems:
             return self._fail(result, problems)
-        later = sum(len(c["workloads"]) + len(c["servers"]) for c in remaining)
+        later = sum(len(c["workloads"]) + len(c["servers"]) + len(c["executables"])
+                    for c in remaining)
         result.update(
             problems=[], target_checks=remaining,
             msg="bench preflight: %d host(s), %d profile(s) checked on the controller, %d on %s%s"

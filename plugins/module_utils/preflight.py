@@ -10,12 +10,15 @@ before any server starts or any run directory exists:
 - an SGLang profile's command line depends on the release installed on the GPU server: it is
   rendered for that release and its flags checked against that release's own argument
   definitions, by the functions llm_server runs before a launch (server/manager.py), so the
-  preflight and the start cannot disagree.
+  preflight and the start cannot disagree;
+- a program a GPU server needs besides its engine (HAProxy for a router derived profile) must be
+  an executable file there.
 Nothing here starts a process other than the engine interpreter asked for its version, and
 nothing writes a file.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Sequence, Tuple
 
@@ -99,11 +102,28 @@ def check_server(item: Mapping) -> List[TargetProblem]:
     return []
 
 
-def run_checks(workloads: Sequence[Mapping], servers: Sequence[Mapping]) -> List[TargetProblem]:
+def check_executable(item: Mapping) -> List[TargetProblem]:
+    """A program the run will start here ({variable, path, needed_for, fix}) is an executable
+    file: a missing one would otherwise fail its profile after the other servers had run."""
+    variable = str(item.get("variable") or "bench_profiles")
+    path = str(item.get("path") or "")
+    if os.path.isfile(path) and os.access(path, os.X_OK):
+        return []
+    why = "not executable" if os.path.isfile(path) else "no such file"
+    return [_problem(item, variable, "%s: %s on this host (%s), needed for %s; %s, or set %s to "
+                                     "its path" % (variable, path or "''", why,
+                                                   item.get("needed_for") or "this run",
+                                                   item.get("fix") or "install it", variable))]
+
+
+def run_checks(workloads: Sequence[Mapping], servers: Sequence[Mapping],
+               executables: Sequence[Mapping] = ()) -> List[TargetProblem]:
     """Every problem, not the first: the user fixes them all in one go."""
     problems: List[TargetProblem] = []
     for item in workloads or ():
         problems += check_workload(item)
     for item in servers or ():
         problems += check_server(item)
+    for item in executables or ():
+        problems += check_executable(item)
     return problems

@@ -35,9 +35,10 @@ description:
   - "On hosts: a jsonl workload is read and parsed on the bench client by llm_bench's own loader;
     an SGLang profile is rendered for the release installed on the GPU server and its flags
     checked against that release (what llm_server does before a launch); a vLLM profile needs
-    vllm installed for C(bench_engine_python). Checks on the controller's own host run in the
+    vllm installed for C(bench_engine_python); a router derived profile needs HAProxy
+    (C(bench_haproxy_binary)) on the GPU server. Checks on the controller's own host run in the
     same task; the others come back as RV(target_checks), which bench.yml runs with this module
-    delegated to each host (O(workloads), O(servers))."
+    delegated to each host (O(workloads), O(servers), O(executables))."
   - "All problems are collected and reported in one failure, one line each, naming the variable,
     the fix, where the value was set (file:line when Ansible knows it) and the hosts. Nothing is
     started and nothing is written."
@@ -62,6 +63,14 @@ options:
       - Target mode, on a GPU server. Items C({variable, hosts, where, request}); each C(request)
         holds llm_server options (C(name), C(engine), C(profile), C(host), C(port), C(python),
         C(env), C(state_dir)) rendered and flag-checked as llm_server does before a launch.
+    type: list
+    elements: dict
+    default: []
+  executables:
+    description:
+      - Target mode, on a GPU server. Items C({variable, hosts, where, path, needed_for, fix}):
+        each C(path) must be an executable file there (HAProxy for
+        C(bench_derived_profiles: [router]), C(bench_haproxy_binary)).
     type: list
     elements: dict
     default: []
@@ -90,6 +99,7 @@ EXAMPLES = r"""
   servelab.serving.bench_preflight:
     workloads: "{{ item.workloads }}"
     servers: "{{ item.servers }}"
+    executables: "{{ item.executables }}"
   delegate_to: "{{ item.host }}"
   loop: "{{ bench_preflight_result.target_checks }}"
 """
@@ -101,7 +111,7 @@ problems:
   type: list
   elements: dict
 target_checks:
-  description: "Controller mode: the checks left for other hosts, C([{host, workloads, servers}])."
+  description: "Controller mode: the checks left for other hosts, C([{host, workloads, servers, executables}])."
   returned: success
   type: list
   elements: dict
@@ -124,6 +134,7 @@ ARGUMENT_SPEC = dict(
     hosts=dict(type="list", elements="str"),
     workloads=dict(type="list", elements="dict", default=[]),
     servers=dict(type="list", elements="dict", default=[]),
+    executables=dict(type="list", elements="dict", default=[]),
 )
 
 
@@ -133,9 +144,11 @@ def main():
         module.fail_json(msg="bench_preflight: hosts is the action plugin's option (controller "
                              "mode); on a host give workloads and servers")
     problems = [p.as_dict() for p in run_checks(module.params["workloads"],
-                                                module.params["servers"])]
-    checked = "%d workload(s), %d server profile(s) checked" % (
-        len(module.params["workloads"]), len(module.params["servers"]))
+                                                module.params["servers"],
+                                                module.params["executables"])]
+    checked = "%d workload(s), %d server profile(s), %d program(s) checked" % (
+        len(module.params["workloads"]), len(module.params["servers"]),
+        len(module.params["executables"]))
     if problems:
         module.fail_json(msg="\n".join(p["message"] for p in problems), problems=problems)
     module.exit_json(changed=False, problems=[], msg=checked)

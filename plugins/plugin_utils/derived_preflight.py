@@ -3,7 +3,8 @@
 Checked before anything starts, with the rest of the bench preflight (plugin_utils/preflight.py
 calls check_derived): the derived profile is built from two profiles of bench_profiles, by an
 engine that has the switch (schedule: vLLM, or the simulator standing in for it; router: any
-engine servelab launches), and the router needs two more ports after bench_server_port.
+engine servelab launches), and the router needs two more ports after bench_server_port and
+HAProxy on the GPU server (derived_executables: checked there, with the other target checks).
 """
 from __future__ import annotations
 
@@ -55,3 +56,16 @@ def check_derived(values: Mapping[str, Any], add) -> None:
                 not isinstance(tp, int) or tp < 2 or tp % 2):
             add(name, f"{name}: router gives each server half the GPUs: profile {source!r} "
                       f"needs an even tp >= 2 (got {tp!r})")
+
+
+def derived_executables(values: Mapping[str, Any]) -> list:
+    """What a derived profile starts besides the engine, checked on the GPU server by the
+    target preflight (module_utils/preflight.check_executable): HAProxy for the router."""
+    kinds = values.get("bench_derived_profiles")
+    if not isinstance(kinds, list) or "router" not in kinds:
+        return []
+    return [{"variable": "bench_haproxy_binary",
+             "path": str(values.get("bench_haproxy_binary") or ""),
+             "needed_for": "bench_derived_profiles: router (HAProxy splits the load between the "
+                           "two halves)",
+             "fix": "install HAProxy (Debian, Ubuntu: apt-get install haproxy)"}]

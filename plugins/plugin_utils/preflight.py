@@ -69,7 +69,10 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.profiles i
 from ansible_collections.servelab.serving.plugins.module_utils.server.render import ENGINES, render_server
 from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import SGLANG_DEFAULT_VERSION
 from ansible_collections.servelab.serving.plugins.module_utils.server.simulator_file import SCRIPT_NAME
-from ansible_collections.servelab.serving.plugins.plugin_utils.derived_preflight import check_derived
+from ansible_collections.servelab.serving.plugins.plugin_utils.derived_preflight import (
+    check_derived,
+    derived_executables,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import (
     RepeatsError,
     check_repeats,
@@ -189,9 +192,14 @@ class TargetCheck:
     host: str
     workloads: List[dict] = field(default_factory=list)
     servers: List[dict] = field(default_factory=list)
+    executables: List[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"host": self.host, "workloads": self.workloads, "servers": self.servers}
+        return {"host": self.host, "workloads": self.workloads, "servers": self.servers,
+                "executables": self.executables}
+
+    def count(self) -> int:
+        return len(self.workloads) + len(self.servers) + len(self.executables)
 
 
 @dataclass
@@ -796,6 +804,13 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
         count, model, external_url = _check_profiles(inp, spec, add, targets)
     if not flagged.intersection(DERIVED_VARIABLES):
         check_derived(inp.values, add)
+    # Only its own two variables: a missing HAProxy is reported beside a broken profile list.
+    if not flagged.intersection(("bench_derived_profiles", "bench_haproxy_binary")):
+        programs = derived_executables(inp.values)
+        if programs:
+            targets.setdefault(inp.host, TargetCheck(inp.host)).executables.extend(
+                dict(item, hosts=[inp.host], where=inp.origins.get(item["variable"], ""))
+                for item in programs)
     if not flagged.intersection(SWEEP_VARIABLES) and not set(SWEEP_VARIABLES) & set(inp.errors):
         _check_sweep_options(inp, workload, model, add, external_url)
     return problems, count

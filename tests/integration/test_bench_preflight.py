@@ -144,6 +144,11 @@ CASES = {
     "an earlier run that is not there": (
         lambda tmp: {"bench_compare_to": "run-that-never-was"},
         "bench_compare_to: no earlier run at"),
+    "router without HAProxy on the GPU server": (
+        lambda tmp: {"bench_derived_profiles": ["router"], "bench_derived_source": "eagle3",
+                     "bench_derived_baseline": "baseline",
+                     "bench_haproxy_binary": str(tmp / "no-haproxy")},
+        "bench_haproxy_binary: "),
     "concurrency as a string": (
         lambda tmp: {"bench_concurrency": "1,2,5"},
         "bench_concurrency: '1,2,5' is a string; give a YAML list [1, 2, 5]"),

@@ -599,6 +599,35 @@ def test_sglang_not_installed_names_bench_engine_python(tmp_path):
     assert "bench_engine_python" in problem.message
 
 
+def test_a_router_derived_profile_leaves_haproxy_for_its_gpu_server():
+    report = run(host("gpu1", bench_derived_profiles=["router"], bench_derived_source="eagle3",
+                      bench_derived_baseline="baseline", bench_haproxy_binary="/opt/hx/haproxy"))
+    assert report.ok, texts(report)
+    [check] = report.target_checks
+    [program] = check.executables
+    assert check.host == "gpu1" and program["path"] == "/opt/hx/haproxy"
+    assert program["variable"] == "bench_haproxy_binary" and program["hosts"] == ["gpu1"]
+    assert check.as_dict()["executables"] == [program]
+    # Without the router nothing is asked of the host.
+    assert run(host("gpu1")).target_checks == []
+
+
+def test_a_missing_or_unexecutable_program_is_named_with_its_variable_and_fix(tmp_path):
+    item = {"variable": "bench_haproxy_binary", "hosts": ["gpu1"], "where": "vars.yml:3",
+            "path": str(tmp_path / "haproxy"), "needed_for": "the router",
+            "fix": "install HAProxy (apt-get install haproxy)"}
+    [missing] = target.run_checks([], [], [item])
+    assert missing.message.startswith("bench_haproxy_binary: %s on this host (no such file)"
+                                      % item["path"]), missing.message
+    assert "needed for the router; install HAProxy" in missing.message
+    assert missing.hosts == ("gpu1",) and missing.where == "vars.yml:3"
+    (tmp_path / "haproxy").write_text("#!/bin/sh\n")
+    [plain] = target.run_checks([], [], [item])
+    assert "(not executable)" in plain.message
+    os.chmod(tmp_path / "haproxy", 0o755)
+    assert target.run_checks([], [], [item]) == []
+
+
 def test_the_target_checks_touch_nothing(tmp_path):
     python = fake_sglang(tmp_path)
     item = server_item(python)
