@@ -977,6 +977,8 @@ class _StampingListener(socket.socket):
         fd, addr = self._accept()
         conn = _StampedSocket(self.family, self.type, self.proto, fileno=fd)
         conn.rx_ns = None
+        # Streams are many small writes: never hold one back for an ACK (Nagle).
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn, addr
 
 
@@ -994,12 +996,15 @@ def stamping_listener(host: str, port: int, backlog: int) -> Optional[socket.soc
     if len(addrs) != 1:
         return None
     family, sockaddr = addrs.pop()
-    sock = _StampingListener(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, as asyncio's own listener has: asyncio sets TCP_NODELAY only on sockets
+    # whose proto says TCP, and without it a stream of small writes waits for delayed ACKs.
+    sock = _StampingListener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # On the listener, not only on each accepted socket: a segment is stamped when it
-        # arrives only if some socket wants stamps by then, and a client's first request can
-        # arrive before accept() returns. Accepted sockets inherit the option.
+        # arrives only if some socket wants stamps by then (the kernel switches stamping on a
+        # moment after the first socket asks), and a client's first request can arrive before
+        # accept() returns. Accepted sockets inherit the option.
         sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)

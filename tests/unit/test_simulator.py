@@ -433,6 +433,36 @@ def test_truth_t_arrive_is_the_kernel_arrival_not_the_late_read(start_sim):
     assert r["t_recv_ns"] - r["t_arrive_ns"] >= 250_000_000, r
 
 
+@pytest.mark.skipif(not sim.kernel_rx_stamps_possible(), reason="kernel receive stamps: Linux")
+def test_the_stamping_listener_hands_out_tcp_sockets_without_nagle():
+    """asyncio sets TCP_NODELAY only where the socket's proto is TCP; a stream of small writes
+    held back by Nagle ran the firehose at a quarter of its rate (found by limit_bench)."""
+    listener = sim.stamping_listener("127.0.0.1", 0, 4)
+    client = socket.socket()
+    try:
+        client.connect(listener.getsockname())
+        listener.setblocking(True)
+        conn, _addr = listener.accept()
+        with conn:
+            assert isinstance(conn, sim._StampedSocket)
+            assert conn.proto == socket.IPPROTO_TCP
+            assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+            assert conn.getsockopt(socket.SOL_SOCKET, sim._SO_TIMESTAMPNS) != 0
+            # The kernel turns receive stamping on a moment after the first socket asks (a
+            # deferred switch): the first segments may come unstamped, later ones must not.
+            deadline = time.monotonic() + 5
+            while True:
+                client.sendall(b"ping")
+                assert conn.recv(16) == b"ping"
+                if conn.rx_ns is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            assert conn.rx_ns is not None and conn.rx_ns <= time.monotonic_ns()
+    finally:
+        client.close()
+        listener.close()
+
+
 def test_truth_t_arrive_falls_back_to_the_read_time_for_a_pipelined_request(start_sim):
     """Two requests in one segment: the stamp is the first one's; the second is processed from
     the buffer after the first finished, so its arrival is not known and it says so."""
