@@ -68,9 +68,9 @@ options:
     default: []
   executables:
     description:
-      - Target mode, on a GPU server. Items C({variable, hosts, where, path, needed_for, fix}):
-        each C(path) must be an executable file there (HAProxy for
-        C(bench_derived_profiles: [router]), C(bench_haproxy_binary)).
+      - Target mode, on a GPU server. Items C({variable, hosts, where, path, needed_for, fix});
+        each C(path) must be an executable file there (HAProxy, C(bench_haproxy_binary), when
+        C(bench_derived_profiles) has C(router)).
     type: list
     elements: dict
     default: []
