@@ -119,6 +119,12 @@ def p99(values):
     return percentile(sorted(values), 99) if values else None
 
 
+def arrival_ns(rec: dict) -> int:
+    """When a request reached the server's socket (the truth's kernel stamp); a truth log
+    without t_arrive_ns (an older simulator) has only the read time."""
+    return rec.get("t_arrive_ns", rec["t_recv_ns"])
+
+
 def ok(good: bool, why: str = "") -> str:
     return "ok" if good else ("MISS " + why).strip()
 
@@ -302,7 +308,7 @@ def bench_ttft(args, acct, out, failures) -> None:
             if not r["in_window"] or r["error"] or rec is None:
                 continue
             send.append(rec["t_recv_ns"] - r["t_send"])
-            loop.append(rec["t_recv_ns"] - rec.get("t_arrive_ns", rec["t_recv_ns"]))
+            loop.append(rec["t_recv_ns"] - arrival_ns(rec))
             if r.get("t_first") is not None and rec.get("t_first_ns") is not None:
                 read.append(r["t_first"] - rec["t_first_ns"])
         send_ms = None if not send else p50(send) / 1e6
@@ -558,8 +564,7 @@ def open_figures(res, by_id) -> dict:
         rec = by_id.get(r.get("server_id"))
         if rec is not None and r.get("queue_ms") is not None:
             t_sched = r["t_send"] - r["queue_ms"] * 1e6
-            # A truth log without t_arrive_ns (an older simulator): the read time stands in.
-            t_arrive = rec.get("t_arrive_ns", rec["t_recv_ns"])
+            t_arrive = arrival_ns(rec)
             kernel += rec.get("arrive_basis") == "kernel"
             tlate.append((t_arrive - t_sched) / 1e6)
             tread.append((rec["t_recv_ns"] - t_sched) / 1e6)
@@ -578,7 +583,7 @@ def open_figures(res, by_id) -> dict:
         capped += busy >= row.concurrency
     return {"w": w, "rows_rate": len(inside) / w if w else None, "capped": capped,
             "truth_rate": (sum(1 for rec in by_id.values()
-                               if ws <= rec.get("t_arrive_ns", rec["t_recv_ns"]) < we) / w)
+                               if ws <= arrival_ns(rec) < we) / w)
             if w else None,
             "sched_rate": (sum(1 for t in sched if ws <= t < we) / w) if w else None,
             "late": late, "tlate": tlate, "tread": tread, "wire": wire, "loop": loop,

@@ -199,15 +199,14 @@ class ActionModule(ActionBase):
                 inline += check.count()
                 problems += self._on_host(me, check.as_dict(), task_vars)
             else:
-                remaining.append(check.as_dict())
+                remaining.append(check)
         if problems:
             return self._fail(result, problems)
-        later = sum(len(c["workloads"]) + len(c["servers"]) + len(c["executables"])
-                    for c in remaining)
+        later = sum(check.count() for check in remaining)
         result.update(
-            problems=[], target_checks=remaining,
+            problems=[], target_checks=[check.as_dict() for check in remaining],
             msg="bench preflight: %d host(s), %d profile(s) checked on the controller, %d on %s%s"
                 % (len(inputs), report.profiles, inline, me,
-                   "; %d check(s) follow on %s" % (later, ", ".join(c["host"] for c in remaining))
+                   "; %d check(s) follow on %s" % (later, ", ".join(c.host for c in remaining))
                    if remaining else ""))
         return result
