@@ -19,3 +19,15 @@ _TESTS = os.path.join(REPO, "tests")
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 os.environ.setdefault("ANSIBLE_CONFIG", os.path.join(REPO, "ansible.cfg"))
+
+# The tiers by folder (pyproject.toml's markers; the Makefile's test targets select by marker).
+_TIER_BY_FOLDER = {"integration": "integration", "lab": "lab", "gpu": "gpu"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+    for item in items:
+        rel = os.path.relpath(str(item.fspath), _TESTS).split(os.sep)
+        marker = _TIER_BY_FOLDER.get(rel[0]) if len(rel) > 1 else None
+        if marker:
+            item.add_marker(getattr(pytest.mark, marker))
