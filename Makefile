@@ -10,14 +10,54 @@ STAMP := $(VENV)/.servelab-stamp
 COLL_STAMP := collections/.servelab-stamp
 LINT_STAMP := $(VENV)/.servelab-lint-stamp
 
-.PHONY: bench test setup lab-test gpu-test lint clean
+.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint clean
 bench: setup
 	ansible-playbook bench.yml $(ARGS)
 
+# The test tiers (README "Tests"); each selects by marker (pyproject.toml), none by folder.
+#   test              the fast tier: unit tests and the integration tests marked `core`
+#   test-integration  every playbook-level test (tests/integration)
+#   test-lab          the LXC test lab (root)
+#   test-all          everything, the lab included: what .ci/run runs
+# pytest-xdist runs the tests in TEST_WORKERS processes (`auto`: one per core, `0`: in this
+# process); the lab and the root network tests each keep to one worker (conftest.py).
 # pytest exits 5 when it collected no test: an empty selection must fail loudly, not pass.
+TEST_WORKERS ?= auto
+FAST_TIER := (core or not (integration or lab or gpu)) and not (haproxy or root)
+pytest = python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
-	python -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	@echo "make test: the fast tier (unit + core integration). Not run here: the other" \
+	  "integration tests (make test-integration), the LXC lab (make test-lab, root), GPU" \
+	  "tests (make test-gpu); all of them: make test-all"
+	$(call pytest,-m "$(FAST_TIER)" $(XDIST) tests)
+
+test-integration: setup
+	$(call pytest,-m integration $(XDIST) tests)
+
+test-lab: setup
+	$(call pytest,-m lab tests)
+
+test-all: setup
+	$(call pytest,$(XDIST) tests)
+
+# The fast tier again with PID 1 a process that never reaps orphans (a container whose init is
+# `sleep infinity`): whatever takes "/proc/<pid> still there" for "still running" fails here.
+# Needs root, or unprivileged user namespaces (then `unshare -r`).
+test-noreap: setup
+	@if [ "$$(id -u)" = 0 ]; then userns=; else userns=-r; fi; \
+	unshare $$userns --fork --pid --mount-proc python tests/noreap_init.py -- \
+	  python -m pytest -m "$(FAST_TIER)" $(XDIST) -p no:cacheprovider tests $(PYTEST_ARGS)
+
+# Only the GPU tests (run on a machine with an NVIDIA GPU).
+test-gpu: setup
+	$(call pytest,-m gpu tests/gpu)
+
+# The names of earlier releases.
+lab-test: test-lab
+gpu-test: test-gpu
 
 setup: $(STAMP) $(COLL_STAMP)
 
@@ -45,14 +85,6 @@ $(COLL_STAMP): requirements.yml tools/install_collections.py $(STAMP)
 	$(BIN)/python tools/install_collections.py requirements.yml collections
 	$(BIN)/python tools/collection_link.py collections
 	touch $@
-
-# Only the test lab (real LXC containers; needs root).
-lab-test: setup
-	python -m pytest tests/lab $(PYTEST_ARGS)
-
-# Only the GPU tests (run on a machine with an NVIDIA GPU).
-gpu-test: setup
-	python -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) collections .cache .pytest_cache

@@ -22,6 +22,11 @@ os.environ.setdefault("ANSIBLE_CONFIG", os.path.join(REPO, "ansible.cfg"))
 
 # The tiers by folder (pyproject.toml's markers; the Makefile's test targets select by marker).
 _TIER_BY_FOLDER = {"integration": "integration", "lab": "lab", "gpu": "gpu"}
+# Under pytest-xdist (`-n`, `--dist loadgroup`) the tests of one group run in one worker, one after
+# the other: the lab is one set of containers and links per test session (its session fixture
+# would otherwise come up once per worker), and the root tests' network namespaces, sshd and
+# subnets are picked from what is free on the machine at their start.
+_SERIAL_GROUP = {"lab": "lab", "root": "netns"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,3 +36,30 @@ def pytest_collection_modifyitems(config, items):
         marker = _TIER_BY_FOLDER.get(rel[0]) if len(rel) > 1 else None
         if marker:
             item.add_marker(getattr(pytest.mark, marker))
+        for name, group in _SERIAL_GROUP.items():
+            if item.get_closest_marker(name):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
+# tests/host holds testinfra suites of provisioned hosts (the field's, the lab's): without
+# --hosts they describe no machine, so they are not collected, and the summary says so once.
+_HOST_SUITES = os.path.join(_TESTS, "host")
+
+
+def _no_remote_hosts(config) -> bool:
+    return not config.getoption("hosts", default=None)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if str(collection_path) == _HOST_SUITES and _no_remote_hosts(config):
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _no_remote_hosts(config):
+        terminalreporter.write_line(
+            "tests/host (testinfra suites of provisioned hosts) not run: they need "
+            "--hosts=ansible://<group> --ansible-inventory=<inventory> (tests/host/conftest.py; "
+            "make test-lab runs them against the lab)")

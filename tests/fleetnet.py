@@ -28,6 +28,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 
 PREFIX = "sl-fleet-"
 SSHD = "/usr/sbin/sshd"
@@ -48,24 +49,15 @@ def _run(argv, check=True, timeout=60, **kw):
     return result
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
-
-
 def _kill_and_wait(pids, timeout=10.0) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(lifetime.is_alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _alive(pid):
+        if lifetime.is_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -219,7 +211,7 @@ class FleetNet:
         if not os.path.exists("/run/netns/%s" % ns):
             return []
         out = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
-        return [int(p) for p in out if p.isdigit() and _alive(int(p))]
+        return [int(p) for p in out if p.isdigit() and lifetime.is_alive(int(p))]
 
     def down(self) -> None:
         """Remove everything up() made; idempotent, and safe after a half-made up()."""

@@ -25,7 +25,10 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
-from gpu_env import gpu_child_env
+from gpu_env import gpu_child_env, use_module_utils
+
+use_module_utils()
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "gpu_worker.py")
@@ -40,8 +43,7 @@ def proc_state(pid: int) -> Optional[str]:
         return None
 
 
-def alive(pid: int) -> bool:
-    return proc_state(pid) not in (None, "Z", "X")
+alive = lifetime.is_alive        # running and not a zombie: the code's own rule
 
 
 def flatten(info: dict) -> List[dict]:

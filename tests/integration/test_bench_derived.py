@@ -9,15 +9,15 @@ About 2-3 minutes on 2 cores.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from test_bench_playbook import TIME_SCALE, _base_vars, _profiles, _report_result, _run_bench
 
 from haproxybin import haproxy_binary
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.haproxy]
 
 
 def test_derived_schedule_collapse_and_router_end_to_end(tmp_path):
@@ -52,5 +52,5 @@ def test_derived_schedule_collapse_and_router_end_to_end(tmp_path):
     servers = tmp_path / "servers"
     for state in servers.glob("*/state.json"):
         pid = json.loads(state.read_text()).get("pid")
-        assert not pid or not os.path.exists(f"/proc/{pid}"), state
+        assert not lifetime.is_alive(pid), state
     assert TIME_SCALE

@@ -32,6 +32,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results import co
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
 from fleetnet import SERVERS, FleetNet, FleetNetUnavailable, ensure_sshd  # tests/ (conftest.py)
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -136,13 +137,7 @@ def server_state(tmp_path, host: str, name: str = "servelab-baseline") -> dict:
     return json.loads((tmp_path / ("state-" + host) / name / "state.json").read_text())
 
 
-def start_time(pid: int):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+start_time = lifetime.running_start_time     # None once gone (an unreaped zombie is gone)
 
 
 def cmdline(pid: int) -> str:
@@ -167,6 +162,7 @@ def figure(cell: str) -> float:
     return float(cell.split(" ± ")[0])
 
 
+@pytest.mark.root
 def test_two_servers_from_one_client_host_and_a_killed_server_costs_only_its_host(
         tmp_path, fleet_net):
     started = time.monotonic()

@@ -28,6 +28,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results import co
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
 from ansible_collections.servelab.serving.plugins.module_utils.run import lock
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -128,15 +129,6 @@ def server_state(state_dir, name="servelab-baseline"):
     return json.loads((state_dir / name / "state.json").read_text())
 
 
-def pid_alive(pid, start_time):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] not in (b"Z", b"X") and int(fields[19]) == start_time
-
-
 def test_a_second_run_on_the_same_state_dir_and_port_is_refused_and_the_first_is_untouched(tmp_path):
     extra = settings(tmp_path, bench_run_id="first-run", bench_level_seconds=3)
     with bench(tmp_path, extra) as first:
@@ -201,7 +193,7 @@ def _interrupt(run, how):
         os.kill(run.proc.pid, getattr(signal, how))
 
 
-@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "group"])
+@pytest.mark.parametrize("how", [pytest.param("SIGINT", marks=pytest.mark.core), "SIGTERM", "group"])
 def test_an_interrupt_stops_everything_records_the_level_in_flight_and_resume_finishes(tmp_path, how):
     run_id = "interrupted-" + how.lower()
     extra = settings(tmp_path, bench_run_id=run_id, bench_level_seconds=3)
@@ -220,7 +212,7 @@ def test_an_interrupt_stops_everything_records_the_level_in_flight_and_resume_fi
         assert "SIGINT again: still cleaning up" in run.output, run.output[-3000:]
     # Nothing of the run is left: its server (by the pid it recorded), the port, any process.
     state = server_state(tmp_path / "servers")
-    assert not pid_alive(state["pid"], state["start_time"]), run.output[-3000:]
+    assert not lifetime.is_alive(state["pid"], state["start_time"]), run.output[-3000:]
     assert port_is_free(extra["bench_server_port"])
     assert processes_with(run.mark) == [], run.output[-3000:]
     run_dir = root / run_id
@@ -299,7 +291,7 @@ def test_after_a_sigkill_the_cleanup_by_hand_stops_the_server_and_closes_the_run
         while time.monotonic() < deadline and [
                 p for p in processes_with(run.mark) if not p.startswith("%d " % state["pid"])]:
             time.sleep(0.5)
-    assert pid_alive(state["pid"], state["start_time"])
+    assert lifetime.is_alive(state["pid"], state["start_time"])
     assert json.loads((tmp_path / "results" / run_id / results.MANIFEST).read_text())[
         "status"] == "started"
 
@@ -312,7 +304,7 @@ def test_after_a_sigkill_the_cleanup_by_hand_stops_the_server_and_closes_the_run
          os.path.join(REPO, "playbooks", "bench_interrupted.yml")],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=300, check=False)
     assert cleanup.returncode == 0, cleanup.stdout[-5000:]
-    assert not pid_alive(state["pid"], state["start_time"])
+    assert not lifetime.is_alive(state["pid"], state["start_time"])
     assert port_is_free(extra["bench_server_port"])
     assert processes_with(run.mark) == []
     run_dir = tmp_path / "results" / run_id

@@ -18,6 +18,7 @@ import time
 import ansible_runner
 import pytest
 import yaml
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
@@ -31,14 +32,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not open("/proc/%d/stat" % pid).read().split(") ", 1)[1].startswith("Z")
 
 
 def _inventory(tmp_path) -> str:
@@ -133,9 +126,9 @@ def test_ranks_start_in_order_serve_from_rank_0_and_stop_together(tmp_path):
                  and e["event_data"].get("task") == "Stop every rank, rank 0 first - pair"]
         assert stops == ["node-a", "node-b"], out[-3000:]
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        while any(lifetime.is_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [pid for pid in pids.values() if _alive(pid)], "a rank survived the stop"
+        assert not [pid for pid in pids.values() if lifetime.is_alive(pid)], "a rank survived the stop"
 
         # The sweep measured rank 0; the manifest records what each rank ran.
         manifest = json.load(open(glob.glob(str(tmp_path / "results" / "*" / "manifest.json"))[0]))
@@ -146,5 +139,5 @@ def test_ranks_start_in_order_serve_from_rank_0_and_stop_together(tmp_path):
         assert "--dist-init-addr 127.0.0.1:%d" % extravars["bench_dist_init_port"] in record["cmdline"]
     finally:
         for pid in pids.values():
-            if _alive(pid):
+            if lifetime.is_alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -94,6 +94,7 @@ def _base_vars(tmp_path, profiles):
     }
 
 
+@pytest.mark.core
 def test_bench_playbook_end_to_end_and_crossover_matches_the_model(tmp_path):
     r = _run_bench(tmp_path, _base_vars(tmp_path, _profiles()))
     assert r.rc == 0, r.stdout.read()[-5000:]

@@ -18,6 +18,9 @@ import pytest
 from fakesglang import fake_sglang  # tests/ (conftest.py puts it on sys.path)
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes
 
+# The fast tier (make test) runs this module too: see pyproject.toml's markers.
+pytestmark = pytest.mark.core
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
 PREFLIGHT = "servelab: preflight"

@@ -26,6 +26,7 @@ import time
 
 import pytest
 from importscan import heavy_imports  # tests/: the shared import scanner
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
@@ -159,17 +160,8 @@ def run(cmd, cwd, env, timeout):
 
 # --- the simulator's processes, found from its state file (stdlib only) ----------------------
 
-def start_time(pid: int):
-    """/proc/<pid>/stat field 22 (what the state file records against PID reuse), or None."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":
-        return None                      # a zombie holds nothing; its parent reaps it
-    return int(fields[19])
+# /proc/<pid>/stat field 22 (what the state file records against PID reuse), or None once gone
+start_time = lifetime.running_start_time
 
 
 def marked_pids(marker: str) -> list:

@@ -18,6 +18,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE = os.path.join(REPO, "tests", "unit", "test_loadgen_fakeserver.py")
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS  # noqa: E402
@@ -25,6 +27,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts  # noqa: E402
 from simproc import ServerProcess  # noqa: E402
+
+# The fast tier (make test) runs this module too: see pyproject.toml's markers.
+pytestmark = pytest.mark.core
 
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 

@@ -19,6 +19,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.table import
 from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports, state as server_state
 from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerError, ServerRequest, run
 
+# The fast tier (make test) runs this module too: see pyproject.toml's markers.
+pytestmark = pytest.mark.core
+
 FAKE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "data", "sglang",
                                     "fake_openai_server.py"))
 

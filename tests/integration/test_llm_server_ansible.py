@@ -17,6 +17,9 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime, tree as proc_tree
 from ansible_collections.servelab.serving.plugins.module_utils.server import state as server_state
 
+# The fast tier (make test) runs this module too: see pyproject.toml's markers.
+pytestmark = pytest.mark.core
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE = os.path.join(REPO, "tests", "data", "sglang", "fake_openai_server.py")
 SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")

@@ -29,6 +29,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.manager im
     run,
 )
 
+# The fast tier (make test) runs this module too: see pyproject.toml's markers.
+pytestmark = pytest.mark.core
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE = os.path.join(REPO, "tests", "data", "sglang", "fake_openai_server.py")
 TAG = f"servelab-canary-{uuid.uuid4().hex}"

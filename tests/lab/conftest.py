@@ -22,7 +22,7 @@ def _raise_interrupt(signum, frame):
 @pytest.fixture(scope="session")
 def lab():
     if os.geteuid() != 0 and not os.environ.get("CI"):
-        pytest.skip("the lab needs root (LXC, veth links, debootstrap): run `make lab-test` as root")
+        pytest.skip("the lab needs root (LXC, veth links, debootstrap): run `make test-lab` as root")
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         try:

@@ -132,10 +132,11 @@ MODULE = textwrap.dedent("""\
     pids = cpu.ansible_pids()
     before = cpu.processes_cpu_ns(pids)
     # Until the busy worker has had 0.3 s of CPU (bounded): on a loaded machine it gets less
-    # than a CPU, so a fixed sleep would test the machine's load, not the accounting.
+    # than a CPU, so a fixed sleep would test the machine's load, not the accounting. With no
+    # ansible process found there is nothing to wait for.
     deadline = time.monotonic() + 30
     used_s = 0.0
-    while used_s < 0.3 and time.monotonic() < deadline:
+    while pids and used_s < 0.3 and time.monotonic() < deadline:
         time.sleep(0.1)
         used_s = (cpu.processes_cpu_ns(pids) - before) / 1e9
     print(json.dumps({"me": os.getpid(), "pids": pids, "used_s": used_s}))

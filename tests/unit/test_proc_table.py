@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
     parse_status, read_environ, read_process, read_status, scan_processes, still_running,
@@ -56,3 +57,25 @@ def test_environ_and_ignored_signals_of_a_child():
         child.wait(timeout=30)
         child.stdout.close()
     assert not still_running(child.pid, None)
+
+
+def test_an_exited_process_nobody_reaps_is_gone_though_its_proc_entry_stays():
+    """The one rule (proc/lifetime.is_alive): a zombie is gone. Under an init that never reaps
+    (a container whose PID 1 is `sleep infinity`) an exited process keeps /proc/<pid> forever;
+    here the test is that process's parent and simply does not wait for it yet."""
+    from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while read_process(child.pid, stat_only=True).state != "Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        assert os.path.exists("/proc/%d" % child.pid)           # what a naive check looks at
+        assert not lifetime.is_alive(child.pid)
+        assert lifetime.running_start_time(child.pid) is None
+        assert not still_running(child.pid, None)
+    finally:
+        child.wait()
+    assert lifetime.running_start_time(os.getpid()) == read_process(os.getpid()).start_time
+    assert lifetime.is_alive(os.getpid(), lifetime.running_start_time(os.getpid()))

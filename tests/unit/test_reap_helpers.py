@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from typing import Dict, List, Optional
+from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 
 # The stand-in process. Options (all optional):
 #   --hold PATH        keep PATH open (repeatable)
@@ -126,14 +127,7 @@ def all_pids(info: dict) -> List[int]:
     return out
 
 
-def alive(pid: int) -> bool:
-    """Running and not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+alive = lifetime.is_alive          # running and not a zombie: the code's own rule
 
 
 def wait_until(cond, timeout: float = 30.0, what: str = "condition") -> None:

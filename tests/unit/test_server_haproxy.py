@@ -38,6 +38,7 @@ def test_router_config_routes_by_the_speculative_servers_requests_in_flight():
     assert "GPU split: 4 GPUs speculative (0,1,2,3), 4 GPUs baseline (4,5,6,7)." in text
 
 
+@pytest.mark.haproxy
 def test_haproxy_accepts_the_rendered_config(tmp_path):
     binary = haproxy_binary()
     path = tmp_path / "router.cfg"

@@ -14,13 +14,28 @@ import time
 from typing import Iterable, Optional, Set
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
-    PROC, ProcInfo, read_status, still_running,
+    GONE_STATES, PROC, ProcInfo, read_stat, read_status, still_running,
 )
 
 
 def is_alive(pid: Optional[int], start_time: Optional[int] = None, proc_root: str = PROC) -> bool:
-    """True while the process exists, is not a zombie, and (if given) is the same process."""
+    """True while the process exists, is not a zombie, and (if given) is the same process.
+
+    This is servelab's one rule for "is that process gone" (the server manager, the reaper, the
+    locks and the tests all ask it): gone means no /proc entry, or a zombie. Where PID 1 does not
+    reap orphans (a container whose init is `sleep infinity`, `docker run` without --init), an
+    exited process that we are not the parent of stays a zombie, and its /proc entry never goes."""
     return bool(pid) and still_running(pid, start_time, proc_root)
+
+
+def running_start_time(pid: int, proc_root: str = PROC) -> Optional[int]:
+    """The start time (stat field 22) of the process `pid` while it runs; None once it is gone
+    (by is_alive's rule: an unreaped zombie is gone). With is_alive(pid, start) later, it tells
+    whether that very process still runs."""
+    stat = read_stat(pid, proc_root)
+    if stat is None or stat.state in GONE_STATES:
+        return None
+    return stat.start_time
 
 
 def collect_exited_children(pids: Iterable[int]) -> None:
