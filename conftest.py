@@ -9,6 +9,8 @@ module_utils to targets under them). Tests import the same names through the lin
 import os
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import collection_link  # noqa: E402
@@ -20,26 +22,13 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 os.environ.setdefault("ANSIBLE_CONFIG", os.path.join(REPO, "ansible.cfg"))
 
-# The tiers by folder (pyproject.toml's markers; the Makefile's test targets select by marker).
-_TIER_BY_FOLDER = {"integration": "integration", "lab": "lab", "gpu": "gpu"}
-# Under pytest-xdist (`-n`, `--dist loadgroup`) the tests of one group run in one worker, one after
-# the other: the lab is one set of containers and links per test session (its session fixture
-# would otherwise come up once per worker), and the root tests' network namespaces, sshd and
-# subnets are picked from what is free on the machine at their start.
-_SERIAL_GROUP = {"lab": "lab", "root": "netns"}
+import tiers  # noqa: E402  (tests/: the tier markers and pytest-xdist's groups)
 
 
+# tryfirst: pytest-xdist reads xdist_group in its own collection hook (on its workers).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    import pytest
-    for item in items:
-        rel = os.path.relpath(str(item.fspath), _TESTS).split(os.sep)
-        marker = _TIER_BY_FOLDER.get(rel[0]) if len(rel) > 1 else None
-        if marker:
-            item.add_marker(getattr(pytest.mark, marker))
-        for name, group in _SERIAL_GROUP.items():
-            if item.get_closest_marker(name):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+    tiers.mark(items, _TESTS)
 
 
 # tests/host holds testinfra suites of provisioned hosts (the field's, the lab's): without

@@ -204,9 +204,13 @@ def test_two_servers_from_one_client_host_and_a_killed_server_costs_only_its_hos
     assert not any(h == "gpu-a" and p == "eagle3" for h, p, _c in rows)
 
     # The two baseline sweeps ran at once on the shared client: a level says so (loadgen/cpu.py).
+    # At least the other server's: the count is of every sweep on the machine, and the client
+    # "host" is this machine, where other tests may sweep at the same time (pytest-xdist).
     shared = [json.loads(path.read_text())["warnings"]
               for path in (run_dir / results.PARTS_DIR).glob("gpu-*__baseline__c*.json")]
-    assert any("ran 1 other sweep(s) at the same time" in w for ws in shared for w in ws), shared
+    others = [int(m.group(1)) for ws in shared for w in ws
+              for m in [re.search(r"ran (\d+) other sweep\(s\) at the same time", w)] if m]
+    assert others and max(others) >= 1, shared
 
     # Keyed by host in every file.
     with open(run_dir / results.LEVELS, newline="") as fh:
