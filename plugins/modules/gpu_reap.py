@@ -12,7 +12,7 @@ description:
     O(device_glob), counting those with a CUDA context (mapping O(compute_device_glob)). Inside an LXC
     container C(nvidia-smi) reports host PIDs, so it cannot say which container process holds a
     GPU; the file descriptors can.
-  - Adds processes in the server's O(cgroups) and processes whose command line matches
+  - Adds processes in the server's O(cgroups) and processes whose executed command matches
     O(patterns) (by default the process titles of SGLang's scheduler, TP/GPU workers,
     detokenizer, draft runner and launcher, and of vLLM's EngineCore, workers and launcher)
     within O(pattern_scope) - by default only the reaping user's matches that hold a CUDA context
@@ -56,7 +56,12 @@ options:
     default: /dev/nvidia-uvm
   patterns:
     description:
-      - Regular expressions searched in each process's command line and kernel name.
+      - Regular expressions searched in what each process executes and in its kernel name -
+        its program, a Python interpreter's script or C(-m) module with the script's
+        subcommand, a shell's script, a setproctitle title (C(sglang::scheduler_TP0)). Not in
+        the rest of its arguments - C(tail -f .../servelab_simulator.py), an editor on a
+        server's file, or the C(bash -c "python server.py; sleep 900") around a server (its
+        python child matches) only name it, and are listed in RV(spared) as bystanders.
       - The default matches SGLang (C(^sglang::), C(-m sglang.launch_server), C(sglang serve)) and
         vLLM (C(^VLLM::), C(^VllmWorker), C(vllm serve), C(-m vllm.entrypoints.)).
       - Give V([]) to rely on the device scan and cgroups alone.

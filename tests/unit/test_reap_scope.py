@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -83,9 +84,16 @@ def start_as_nobody(token: str) -> subprocess.Popen:
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
-    proc = subprocess.Popen([python, "-c", "import time; time.sleep(600)", "vllm", "serve",
-                             token], preexec_fn=become_nobody, cwd="/",
-                            start_new_session=True)
+    # a script named `vllm` that nobody can read: the look-alike executes `vllm serve`
+    where = tempfile.mkdtemp(prefix=token + "-", dir="/tmp")
+    os.chmod(where, 0o755)
+    script = os.path.join(where, "vllm")
+    with open(script, "w") as fh:
+        fh.write("import time\ntime.sleep(600)\n")
+    os.chmod(script, 0o644)
+    proc = subprocess.Popen([python, script, "serve", token], preexec_fn=become_nobody,
+                            cwd="/", start_new_session=True)
+    proc.script_dir = where
 
     def started():
         try:
@@ -106,7 +114,7 @@ def start_as_nobody(token: str) -> subprocess.Popen:
 def test_another_users_lookalike_is_spared(sp):
     lookalike = start_as_nobody(sp.token)
     try:
-        pats = [r"(^|[\s/])vllm\s+serve\s+" + sp.token]
+        pats = [sp.token + r"-[^/ ]+/vllm\s+serve"]
         for scope in ("own_gpu", "own"):
             res = reap(opts(sp, patterns=pats, pattern_scope=scope))
             assert res.killed == [] and alive(lookalike.pid), scope
@@ -119,12 +127,13 @@ def test_another_users_lookalike_is_spared(sp):
         wait_until(lambda: lookalike.poll() is not None, what="the look-alike to exit")
     finally:
         end_by_pid(lookalike)
+        shutil.rmtree(lookalike.script_dir, ignore_errors=True)
 
 
 def test_own_lookalike_without_gpu_or_server_cgroup_is_spared_unless_widened(sp):
     lookalike = sp.start("notes", "vllm", "serve", "--child", sp.child("notes-child"))
     child = lookalike["children"][0]
-    pats = [sp.token + "-notes vllm serve"]
+    pats = [sp.token + "-notes$"]      # its script's subcommand: what it executes
     res = reap(opts(sp, patterns=pats))
     assert res.killed == [] and alive(lookalike["pid"])
     assert "holds no CUDA context and is in no servelab server cgroup" in \

@@ -225,7 +225,8 @@ def test_parse_stat_with_spaces_and_parens_in_comm():
 # ---------------------------------------------------------------------------------------------
 # pattern_scope: how far a pattern match alone reaches
 
-VLLM_LOOKALIKE = "python3 notes.py --title vllm serve"      # matches the default patterns
+# executes `vllm serve` (an entry point through its shebang), CPU-only: a match by name alone
+VLLM_LOOKALIKE = "/home/u/venv/bin/python3 /home/u/venv/bin/vllm serve /models/q"
 
 
 def default_policy(**kw):
@@ -346,7 +347,10 @@ def test_descendants_stop_at_a_session_manager():
 
 def test_without_builtin_protection_a_multiplexer_target_still_takes_no_windows():
     t = tmux_box()
-    sel = select_targets(t, {}, default_policy(pattern_scope="any", builtin_protect=False))
+    # its argv only names `vllm serve` (not what it executes): a pattern on its own name makes
+    # the multiplexer a target
+    sel = select_targets(t, {}, policy(patterns=list(DEFAULT_PATTERNS) + ["^tmux: server$"],
+                                       pattern_scope="any", builtin_protect=False))
     assert found(sel) == {500: "pattern", 511: "pattern", 512: "pattern", 513: "descendant"}
     for window in (510, 520, 521, 530):
         assert window not in sel.targets
@@ -359,12 +363,12 @@ def test_group_led_by_a_shell_in_a_window_is_not_grown_into():
                    pgid=510, sid=510),
               proc(511, 510, "vllm serve x", comm="vllm", pgid=510, sid=510),
               proc(512, 510, "python3 unrelated.py", pgid=510, sid=510))
-    sel = select_targets(t, dev(511), default_policy(pattern_scope="own"))
-    # the shell matched too (its -c names `vllm serve`) and is the group leader: with `own`
-    # it is a target, and its group is then its own; with own_gpu it is not
-    assert set(found(sel)) == {510, 511, 512}
-    sel = select_targets(t, dev(511), default_policy())
-    assert found(sel) == {511: "device_fd"}
+    # the shell only names `vllm serve` in its -c string (it runs bash): a bystander under
+    # every scope, so its group (led by it, alive) is not taken and its other job lives
+    for scope in ("own_gpu", "own", "any"):
+        sel = select_targets(t, dev(511), default_policy(pattern_scope=scope))
+        assert found(sel) == {511: "device_fd"}, scope
+        assert "does not execute it (it runs bash -c)" in sel.spared[510], scope
 
 
 # ---------------------------------------------------------------------------------------------

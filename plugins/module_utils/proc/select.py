@@ -4,9 +4,14 @@ Seeds are found three ways:
 - processes holding the GPU device files with a CUDA context (whoever owns them: a context
   pins GPU memory, and the GPU is what the reap frees);
 - processes in the server's cgroups (`cgroups`);
-- processes whose command line (or kernel name) matches a pattern. A pattern is only a name, and
-  names are easy to share: another user's `python train.py --note "vllm serve"`, an editor on
-  `sglang serve` notes, a tmux server started as `tmux new 'vllm serve ...'`. So a match alone
+- processes whose executed command (or kernel name) matches a pattern: what the process runs
+  (proc/executes.py: the program, a Python interpreter's script or `-m` module and its
+  subcommand, a shell's script, a setproctitle title), not any word of its argv, so
+  `tail -f .../servelab_simulator.py`, an editor on it, or the `bash -c "python ...; sleep"`
+  around a server (the python child is the match) are bystanders, reported in `spared`. A
+  pattern is still only a name, and names are easy to share: another user's own `vllm serve`,
+  a CPU-only launcher of the same name, a tmux server started as `tmux new 'vllm serve ...'`
+  (its comm is "tmux: server", so it is a session manager, never a target). So a match alone
   takes a process only within `pattern_scope`:
     own_gpu (default): it runs as the user the reap acts for (the reaper's effective uid; from
              the Proxmox host, the container's root) AND it holds a CUDA context or lives in a
@@ -46,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import DeviceHit
+from ansible_collections.servelab.serving.plugins.module_utils.proc.executes import executed
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import ProcInfo
 from ansible_collections.servelab.serving.plugins.module_utils.proc.tree import (
     ancestors, children_map, descendants,
@@ -161,6 +167,17 @@ def _matches(patterns: Sequence[Pattern], info: ProcInfo) -> Optional[str]:
     return None
 
 
+def _executes(patterns: Sequence[Pattern], info: ProcInfo) -> Optional[str]:
+    """The first pattern matching what info executes (its kernel name or the executed view of
+    its argv), or None. Patterns that pick targets go through here; protect patterns keep
+    matching the whole command line (protecting too much is safe, killing too much is not)."""
+    view = executed(info.cmdline)
+    for pat in patterns:
+        if pat.search(view) or pat.search(info.comm):
+            return pat.pattern
+    return None
+
+
 def session_manager(info: ProcInfo) -> Optional[str]:
     """Why `info` holds other people's sessions (a terminal multiplexer, a login or session
     manager, a login shell), or None."""
@@ -263,8 +280,14 @@ def select_targets(table: Dict[int, ProcInfo], device_hits: Dict[int, DeviceHit]
     if policy.patterns:
         for pid in sorted(table):
             info = table[pid]
-            pat = _matches(policy.patterns, info)
-            if pat is None or pid in targets:
+            pat = _executes(policy.patterns, info)
+            if pat is None:
+                named = _matches(policy.patterns, info)
+                if named is not None and pid not in targets and eligible(pid):
+                    spared[pid] = ("names %s in its arguments but does not execute it (it runs "
+                                   "%s): a bystander" % (named, executed(info.cmdline)))
+                continue
+            if pid in targets:
                 continue
             refusal = pattern_refusal(info, pid in device_hits, policy)
             if refusal is not None:
