@@ -30,6 +30,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options i
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     rebuild_run_files, write_level_files,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.controller_watch import ControllerWatch
 from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import (
     ManifestError, read_manifest, run_lock,
 )
@@ -111,6 +112,7 @@ class ActionModule(ActionBase):
         policy = finished_levels_policy(run_dir)
         result["kept_levels"] = kept = []
         sweep_started, own_walls = time.time(), []   # for the progress line only
+        watch = ControllerWatch()
         for step in plan:
             # One measurement per module call: each but the sweep's last drains the server after
             # it. Repeat r sends with seed + r - 1: its own prompt order and arrivals.
@@ -152,8 +154,11 @@ class ActionModule(ActionBase):
             mark_in_flight(run_dir, args["host_label"], args.get("profile", "default"), label,
                            step.cfg.concurrency, utc_now(), repeat=step.repeat)
             try:
-                res = self._execute_module(module_name="servelab.serving.llm_bench",
-                                           module_args=level_args, task_vars=task_vars)
+                # After a SIGKILL of ansible-playbook this worker lives on: it must not wait for
+                # the level and write it as complete (plugin_utils/controller_watch.py).
+                with watch.exit_when_gone("llm_bench %s" % where):
+                    res = self._execute_module(module_name="servelab.serving.llm_bench",
+                                               module_args=level_args, task_vars=task_vars)
                 rows = res.get("levels") or []
                 for row in rows:
                     self._record_level(run_dir, parts_dir, row, res.get("requests") or [],

@@ -328,7 +328,9 @@ def main():
     result = dict(changed=False, levels=outcome.levels, warnings_text=outcome.warnings)
     if params["return_requests"]:
         result["requests"] = outcome.requests
-    if params["results_dir"]:
+    # An orphan (its caller gone) writes no part file: a cut-short level is not a finished one,
+    # and resume must measure it again.
+    if params["results_dir"] and not outcome.orphaned:
         directory = params["results_dir"]   # type path: already expanded
         for level, requests in zip(outcome.levels, outcome.requests_by_level):
             write_level_files(directory, level, requests)

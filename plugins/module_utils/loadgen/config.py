@@ -101,6 +101,8 @@ class SweepOutcome:
     requests_by_level: List[List[dict]] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
     failure: Optional[str] = None
+    # the caller went away (loadgen/caller.py): the last level was cut short, nobody reads it
+    orphaned: bool = False
 
     @property
     def requests(self) -> List[dict]:
@@ -152,5 +154,6 @@ def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool 
             outcome.failure = "C=%d: %s" % (cfg.concurrency, verdict.reason)
             break
         if orphaned:
+            outcome.orphaned = True
             break
     return outcome
