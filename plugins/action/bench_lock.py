@@ -22,7 +22,8 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.run_locks import 
 
 display = Display()
 MODULE = "servelab.serving.bench_lock"
-USER_OPTIONS = ("run_id", "state", "state_dir", "port", "lock_dir", "break_lock", "owner_pid")
+USER_OPTIONS = ("run_id", "state", "state_dir", "port", "extra_ports", "lock_dir", "break_lock",
+                "owner_pid")
 
 
 class ActionModule(ActionBase):
@@ -49,7 +50,7 @@ class ActionModule(ActionBase):
         # The inventory host the locks are for: one run holds locks for each of its GPU servers,
         # and two of them may share a machine (their records must stay apart).
         host = str(self._task.delegate_to or task_vars.get("inventory_hostname") or "the host")
-        base = {k: args[k] for k in ("run_id", "state_dir", "port", "lock_dir")
+        base = {k: args[k] for k in ("run_id", "state_dir", "port", "extra_ports", "lock_dir")
                 if args.get(k) is not None}
         base["inventory_host"] = host
         run_id, state = args["run_id"], args["state"]

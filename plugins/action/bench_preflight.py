@@ -19,6 +19,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.servelab.serving.plugins.modules.bench_preflight import ARGUMENT_SPEC
 from ansible_collections.servelab.serving.plugins.plugin_utils import preflight as pf
 from ansible_collections.servelab.serving.plugins.plugin_utils.fleet_checks import same_machine
+from ansible_collections.servelab.serving.plugins.plugin_utils.results_root import results_root_problem
 
 try:   # ansible-core 2.19's data tags say which file and line a value came from
     from ansible._internal._datatag._tags import Origin
@@ -122,7 +123,8 @@ class ActionModule(ActionBase):
         res = self._execute_module(module_name=MODULE, task_vars=task_vars,
                                    module_args={"workloads": check.get("workloads") or [],
                                                 "servers": check.get("servers") or [],
-                                                "executables": check.get("executables") or []})
+                                                "executables": check.get("executables") or [],
+                                                "ports": check.get("ports") or []})
         problems = [pf.Problem(str(p.get("variable")), str(p.get("message")),
                                str(p.get("where") or ""), tuple(p.get("hosts") or ()))
                     for p in res.get("problems") or ()]
@@ -155,9 +157,9 @@ class ActionModule(ActionBase):
             if problems:
                 return self._fail(result, problems, host)
             result.update(problems=[], msg="bench preflight on %s: %d workload(s), %d server "
-                                           "profile(s), %d program(s) checked"
+                                           "profile(s), %d program(s), %d port(s) checked"
                                            % (host, len(args["workloads"]), len(args["servers"]),
-                                              len(args["executables"])))
+                                              len(args["executables"]), len(args["ports"])))
             return result
 
         hostvars = task_vars.get("hostvars")
@@ -188,11 +190,16 @@ class ActionModule(ActionBase):
         me = str(task_vars.get("inventory_hostname", "localhost"))
         controller = self._host_input(me, hostvars, {}, task_vars)
         report = pf.run_preflight(inputs, options, inventory_hosts, controller=controller)
+        root_problem = results_root_problem(args["results_root"]) if args.get(
+            "results_root") else None
 
         # Checks on this task's own host (the controller: the embedded default's bench client)
         # run now, so that they are reported with the rest; the others wait for bench.yml's
         # delegated task, which runs only once everything here passed.
         problems = list(report.problems)
+        if root_problem:
+            problems.append(pf.Problem("bench_results_root", root_problem,
+                                       controller.origins.get("bench_results_root", ""), (me,)))
         remaining, inline = [], 0
         for check in report.target_checks:
             if check.host == me:

@@ -12,22 +12,28 @@ before any server starts or any run directory exists:
   definitions, by the functions llm_server runs before a launch (server/manager.py), so the
   preflight and the start cannot disagree;
 - a program a GPU server needs besides its engine (HAProxy for a router derived profile) must be
-  an executable file there.
+  an executable file there;
+- every port the run will bind on a GPU server (bench_server_port, a router's two halves) must
+  be free there: the process holding one is named.
 Nothing here starts a process other than the engine interpreter asked for its version, and
 nothing writes a file.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Sequence, Tuple
+from typing import Any, List, Mapping, Sequence, Set, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import (
     WorkloadError,
     load,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.proc import tree as proc_tree
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes
 from ansible_collections.servelab.serving.plugins.module_utils.server import engine as server_engine
-from ansible_collections.servelab.serving.plugins.module_utils.server import manager
+from ansible_collections.servelab.serving.plugins.module_utils.server import manager, ports
+from ansible_collections.servelab.serving.plugins.module_utils.server.state import STATE_FILE
 
 # The ServerRequest fields a server check may set; everything else keeps llm_server's default.
 SERVER_REQUEST_FIELDS = ("name", "engine", "profile", "model", "host", "port", "python", "env",
@@ -116,10 +122,61 @@ def check_executable(item: Mapping) -> List[TargetProblem]:
                                                    item.get("fix") or "install it", variable))]
 
 
+def _own_servers(state_dir: str) -> Set[int]:
+    """Pids recorded in the state files of the state directory this run uses: a server of
+    this state directory left by an earlier run (killed, interrupted) is the run's own, which
+    its first reap ends; the run lock decides about another run that uses it right now."""
+    pids: Set[int] = set()
+    root = os.path.expanduser(state_dir or "")
+    try:
+        names = os.listdir(root) if root else []
+    except OSError:
+        return pids
+    for name in names:
+        try:
+            with open(os.path.join(root, name, STATE_FILE), encoding="utf-8") as fh:
+                pid = json.load(fh).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(pid, int) and pid > 0:
+            pids.add(pid)
+    return pids
+
+
+def check_port(item: Mapping) -> List[TargetProblem]:
+    """A port the run will bind here ({variable, port, needed_for, state_dir}) is free: a
+    process already listening on it would otherwise fail the server's start, after the run
+    directory is made (or answer in its place). A listener of this state directory's own
+    servers (an earlier run's leftover) is left to the run's reap and lock."""
+    variable = str(item.get("variable") or "bench_server_port")
+    try:
+        port = int(item.get("port"))
+    except (TypeError, ValueError):
+        return []            # the controller's range check has said so
+    holders = ports.listeners(port)
+    if not holders and not ports.is_listening(port):
+        return []
+    own = _own_servers(str(item.get("state_dir") or ""))
+    table = scan_processes(stat_only=True) if holders and own else {}
+    foreign = {pid: cmd for pid, cmd in holders.items()
+               if not own & ({pid} | set(proc_tree.ancestors(pid, table)))}
+    if holders and not foreign:
+        return []
+    who = ", ".join(ports.describe(foreign)) if foreign else (
+        "a process this user cannot see (run the preflight as root to name it)")
+    return [_problem(item, variable, "%s: port %d on this host, needed for %s, is already in "
+                                     "use by %s; stop that process or set %s to a free port"
+                                     % (variable, port, item.get("needed_for") or "the server",
+                                        who, variable))]
+
+
 def run_checks(workloads: Sequence[Mapping], servers: Sequence[Mapping],
-               executables: Sequence[Mapping] = ()) -> List[TargetProblem]:
+               executables: Sequence[Mapping] = (),
+               ports_needed: Sequence[Mapping] = ()) -> List[TargetProblem]:
     """Every problem, not the first: the user fixes them all in one go."""
     problems: List[TargetProblem] = []
+    for item in ports_needed or ():
+        problems += check_port(item)
     for item in workloads or ():
         problems += check_workload(item)
     for item in servers or ():

@@ -50,6 +50,14 @@ options:
   port:
     description: The server port.
     type: int
+  extra_ports:
+    description:
+      - The other ports the run binds on this host, held with O(port), all or none (a router
+        derived profile's two halves, C(bench_server_port + 1) and C(+ 2)). A second run on one
+        of them is refused here, before it makes a run directory.
+    type: list
+    elements: int
+    default: []
   lock_dir:
     description:
       - Machine-wide directory of the port records (sticky, world-writable; created when
@@ -182,6 +190,7 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["acquired", "held", "released"], default="acquired"),
     state_dir=dict(type="path"),
     port=dict(type="int"),
+    extra_ports=dict(type="list", elements="int", default=[]),
     lock_dir=dict(type="path"),
     break_lock=dict(type="bool", default=False),
     owner_pid=dict(type="int"),
@@ -198,6 +207,9 @@ def resources(params, lock_dir):
         out.append(lock.state_dir_resource(params["state_dir"]))
     if params["port"] is not None:
         out.append(lock.port_resource(lock_dir, params["port"]))
+    for extra in params.get("extra_ports") or ():
+        if extra != params["port"]:
+            out.append(lock.port_resource(lock_dir, extra))
     return out
 
 

@@ -74,6 +74,23 @@ options:
     type: list
     elements: dict
     default: []
+  results_root:
+    description:
+      - Controller mode, action only. The controller directory the run directories go under
+        (bench.yml passes C(bench_results_root) as it will choose it). One under a regular file,
+        on a kernel filesystem such as C(/proc), or not writable fails, naming
+        C(bench_results_root) and the fix.
+    type: str
+  ports:
+    description:
+      - Target mode, on a GPU server. Items C({variable, hosts, where, port, needed_for,
+        state_dir}); each C(port) (C(bench_server_port), and C(+1), C(+2) for a router derived
+        profile) must be free there. A process listening on it is named; one of the servers
+        recorded in C(state_dir) (an earlier run's leftover, which the run's reap ends) is not a
+        problem.
+    type: list
+    elements: dict
+    default: []
 attributes:
   check_mode:
     support: full
@@ -100,6 +117,7 @@ EXAMPLES = r"""
     workloads: "{{ item.workloads }}"
     servers: "{{ item.servers }}"
     executables: "{{ item.executables }}"
+    ports: "{{ item.ports }}"
   delegate_to: "{{ item.host }}"
   loop: "{{ bench_preflight_result.target_checks }}"
 """
@@ -111,7 +129,7 @@ problems:
   type: list
   elements: dict
 target_checks:
-  description: "Controller mode: the checks left for other hosts, C([{host, workloads, servers, executables}])."
+  description: "Controller mode: the checks left for other hosts, C([{host, workloads, servers, executables, ports}])."
   returned: success
   type: list
   elements: dict
@@ -135,6 +153,8 @@ ARGUMENT_SPEC = dict(
     workloads=dict(type="list", elements="dict", default=[]),
     servers=dict(type="list", elements="dict", default=[]),
     executables=dict(type="list", elements="dict", default=[]),
+    ports=dict(type="list", elements="dict", default=[]),
+    results_root=dict(type="str"),
 )
 
 
@@ -145,10 +165,11 @@ def main():
                              "mode); on a host give workloads and servers")
     problems = [p.as_dict() for p in run_checks(module.params["workloads"],
                                                 module.params["servers"],
-                                                module.params["executables"])]
-    checked = "%d workload(s), %d server profile(s), %d program(s) checked" % (
+                                                module.params["executables"],
+                                                module.params["ports"])]
+    checked = "%d workload(s), %d server profile(s), %d program(s), %d port(s) checked" % (
         len(module.params["workloads"]), len(module.params["servers"]),
-        len(module.params["executables"]))
+        len(module.params["executables"]), len(module.params["ports"]))
     if problems:
         module.fail_json(msg="\n".join(p["message"] for p in problems), problems=problems)
     module.exit_json(changed=False, problems=[], msg=checked)

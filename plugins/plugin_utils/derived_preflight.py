@@ -58,6 +58,26 @@ def check_derived(values: Mapping[str, Any], add) -> None:
                       f"needs an even tp >= 2 (got {tp!r})")
 
 
+def router_ports(values: Mapping[str, Any]) -> list:
+    """The ports a `router` derived profile binds besides bench_server_port (its speculative
+    half on +1, its baseline half on +2: roles/bench/tasks/router.yml); [] without one. The
+    run locks them with the server port, and the preflight checks them free."""
+    kinds = values.get("bench_derived_profiles")
+    port = values.get("bench_server_port")
+    if not isinstance(kinds, list) or "router" not in kinds:
+        return []
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        return []
+    if not 1 <= port <= 65533:
+        return []            # check_derived says so
+    return [{"port": port + 1, "needed_for": "the speculative half of the router "
+                                             "(bench_derived_profiles: router, bench_server_port + 1)"},
+            {"port": port + 2, "needed_for": "the baseline half of the router "
+                                             "(bench_derived_profiles: router, bench_server_port + 2)"}]
+
+
 def derived_executables(values: Mapping[str, Any]) -> list:
     """What a derived profile starts besides the engine, checked on the GPU server by the
     target preflight (module_utils/preflight.check_executable): HAProxy for the router."""

@@ -71,7 +71,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.render_sgl
 from ansible_collections.servelab.serving.plugins.module_utils.server.simulator_file import SCRIPT_NAME
 from ansible_collections.servelab.serving.plugins.plugin_utils.derived_preflight import (
     check_derived,
-    derived_executables,
+    derived_executables, router_ports,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import (
     RepeatsError,
@@ -193,13 +193,15 @@ class TargetCheck:
     workloads: List[dict] = field(default_factory=list)
     servers: List[dict] = field(default_factory=list)
     executables: List[dict] = field(default_factory=list)
+    ports: List[dict] = field(default_factory=list)      # ports the run binds there: free?
 
     def as_dict(self) -> dict:
         return {"host": self.host, "workloads": self.workloads, "servers": self.servers,
-                "executables": self.executables}
+                "executables": self.executables, "ports": self.ports}
 
     def count(self) -> int:
-        return len(self.workloads) + len(self.servers) + len(self.executables)
+        return (len(self.workloads) + len(self.servers) + len(self.executables)
+                + len(self.ports))
 
 
 @dataclass
@@ -804,6 +806,9 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
         count, model, external_url = _check_profiles(inp, spec, add, targets)
     if not flagged.intersection(DERIVED_VARIABLES):
         check_derived(inp.values, add)
+    if count and external_url is None and not flagged.intersection(
+            ("bench_server_port", "bench_derived_profiles", "bench_state_dir")):
+        _check_ports(inp, targets)
     # Only its own two variables: a missing HAProxy is reported beside a broken profile list.
     if not flagged.intersection(("bench_derived_profiles", "bench_haproxy_binary")):
         programs = derived_executables(inp.values)
@@ -814,6 +819,21 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
     if not flagged.intersection(SWEEP_VARIABLES) and not set(SWEEP_VARIABLES) & set(inp.errors):
         _check_sweep_options(inp, workload, model, add, external_url)
     return problems, count
+
+
+def _check_ports(inp: HostInput, targets: Dict[str, TargetCheck]) -> None:
+    """Every port the host's run will bind, checked free on the host (module_utils/preflight
+    .check_port): bench_server_port, and a router's two halves."""
+    v = inp.values
+    if not _is_int(v.get("bench_server_port")):
+        return
+    needed = [{"port": int(v["bench_server_port"]), "needed_for": "the server"}]
+    needed += router_ports(v)
+    targets.setdefault(inp.host, TargetCheck(inp.host)).ports.extend(
+        dict(item, variable="bench_server_port", hosts=[inp.host],
+             where=inp.origins.get("bench_server_port", ""),
+             state_dir=str(v.get("bench_state_dir") or "~/.servelab/servers"))
+        for item in needed)
 
 
 def _merge(problems: Iterable[Problem]) -> List[Problem]:

@@ -152,6 +152,13 @@ CASES = {
                      "bench_derived_baseline": "baseline",
                      "bench_haproxy_binary": str(tmp / "no-haproxy")},
         "bench_haproxy_binary: "),
+    "an unknown simulator key": (
+        lambda tmp: {"bench_profiles": [dict(_profiles()[0], simulator={
+            "profile": "baseline", "warp_speed": 9})]},
+        "bench_profiles[0] (baseline): simulator.warp_speed: unknown simulator key"),
+    "a results root under a regular file": (
+        lambda tmp: {"bench_results_root": _jsonl(tmp, "a-file", "") + "/results"},
+        "bench_results_root: "),
     "concurrency as a string": (
         lambda tmp: {"bench_concurrency": "1,2,5"},
         "bench_concurrency: '1,2,5' is a string; give a YAML list [1, 2, 5]"),
@@ -173,6 +180,28 @@ def test_bad_input_fails_at_the_preflight_before_anything_exists(tmp_path, case)
         assert "no such file on the bench client" in failure["msg"]
 
 
+@pytest.mark.parametrize("router", [False, True])
+def test_a_port_the_run_binds_that_is_busy_fails_at_the_preflight(tmp_path, router):
+    """bench_server_port, or a router half's (+1), held by a process that is not the run's."""
+    port = _free_port()
+    while port > 65530:
+        port = _free_port()
+    extra = {"bench_server_port": port}
+    if router:
+        extra.update(bench_derived_profiles=["router"], bench_derived_source="eagle3",
+                     bench_derived_baseline="baseline")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port + 1 if router else port))
+        holder.listen()
+        run = _run(tmp_path, _vars(tmp_path, **extra))
+    _assert_nothing_happened(tmp_path, run)
+    msg = run.failure()["msg"]
+    needle = "bench_server_port: port %d on this host, needed for %s" % (
+        port + 1 if router else port,
+        "the speculative half of the router (" if router else "the server,")
+    assert needle in msg and "is already in use by pid %d (" % os.getpid() in msg, msg
+
+
 def test_every_problem_is_reported_in_one_failure(tmp_path):
     bad = {}
     for overrides, _needle in CASES.values():
@@ -184,7 +213,8 @@ def test_every_problem_is_reported_in_one_failure(tmp_path):
     _assert_nothing_happened(tmp_path, run)
     msg = run.failure()["msg"]
     for name, (_overrides, needle) in CASES.items():
-        if name not in ("half-filled speculative block", "malformed jsonl"):
+        if name not in ("half-filled speculative block", "malformed jsonl",
+                        "an unknown simulator key"):
             assert needle in msg, (name, msg)
 
 
@@ -230,8 +260,9 @@ def test_good_settings_pass_the_preflight(tmp_path):
                cmdline="--check")
     result = run.ok()
     assert result["problems"] == [] and "2 profile(s)" in result["msg"]
-    # The jsonl file was read in the same task, on the controller (the embedded bench client).
-    assert "1 on localhost" in result["msg"] and result["target_checks"] == []
+    # The jsonl file was read and the server port checked free in the same task, on the
+    # controller (the embedded bench client and GPU server).
+    assert "2 on localhost" in result["msg"] and result["target_checks"] == []
     assert (None, "Choose the run id and the results directory") in [
         (None, task) for _host, task in run.started()]
 

@@ -119,7 +119,10 @@ def test_the_embedded_defaults_pass():
                                                              "input_tokens": 2048,
                                                              "output_tokens": 512}))
     assert report.ok, texts(report)
-    assert report.profiles == 2 and report.target_checks == []
+    assert report.profiles == 2
+    # only the server port, checked free on the host
+    assert [(c.host, [p["port"] for p in c.ports], c.servers, c.workloads, c.executables)
+            for c in report.target_checks] == [("localhost", [30123], [], [], [])]
 
 
 def test_numbers_and_booleans_given_as_strings_pass_as_the_modules_accept_them():
@@ -451,7 +454,7 @@ def test_workload_shape_and_jsonl_left_for_the_bench_client():
                                                                       "path": "/p.jsonl"}),
                  inventory=("gpu1", "gpu2", "client1"))
     assert report.ok, texts(report)
-    [check] = [c.as_dict() for c in report.target_checks]
+    [check] = [c.as_dict() for c in report.target_checks if c.host == "client1"]
     # One read on the client for both servers that use the same file.
     assert check["host"] == "client1" and check["servers"] == []
     assert [(w["hosts"], w["workload"]["path"]) for w in check["workloads"]] == [
@@ -608,8 +611,15 @@ def test_a_router_derived_profile_leaves_haproxy_for_its_gpu_server():
     assert check.host == "gpu1" and program["path"] == "/opt/hx/haproxy"
     assert program["variable"] == "bench_haproxy_binary" and program["hosts"] == ["gpu1"]
     assert check.as_dict()["executables"] == [program]
-    # Without the router nothing is asked of the host.
-    assert run(host("gpu1")).target_checks == []
+    # its two halves' ports are checked free with the server's, naming bench_server_port
+    port = DEFAULTS["bench_server_port"]
+    assert [(p["port"], p["variable"]) for p in check.ports] == [
+        (port, "bench_server_port"), (port + 1, "bench_server_port"),
+        (port + 2, "bench_server_port")]
+    assert "speculative half of the router" in check.ports[1]["needed_for"]
+    # Without the router nothing is asked of the host but its server port.
+    [check] = run(host("gpu1")).target_checks
+    assert check.executables == [] and [p["port"] for p in check.ports] == [port]
 
 
 def test_a_missing_or_unexecutable_program_is_named_with_its_variable_and_fix(tmp_path):

@@ -324,8 +324,11 @@ def acquire(lock_dir: str, resources: Sequence[Tuple[str, str]], run_id: str,
         if result.conflicts or check_mode:
             return result
         for resource, path, holder in plan:
-            record = new_record(run_id, resource, controller, state_dir=state_dir, port=port,
-                                inventory_host=inventory_host, path=path)
+            # a port record names its own port (a router half's, say); the state directory's
+            # names the server port
+            own_port = int(resource.split(":", 1)[1]) if resource.startswith("port:") else port
+            record = new_record(run_id, resource, controller, state_dir=state_dir,
+                                port=own_port, inventory_host=inventory_host, path=path)
             _publish(path, record, replace=holder is not None)
             result.acquired.append(record)
             result.written.append(record)

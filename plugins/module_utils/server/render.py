@@ -6,6 +6,7 @@ server_render_sglang.py / server_render_vllm.py; the simulator and `command` eng
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import shlex
@@ -102,20 +103,50 @@ def _with_model(ready: ReadyCheck, model: Optional[str]) -> ReadyCheck:
     return ready
 
 
+# Flags servelab itself gives the simulator (render_simulator): not a profile's to set.
+SIMULATOR_OWN_FLAGS = ("--host", "--port", "--model-name")
+
+
+def simulator_flags() -> Tuple[str, ...]:
+    """The simulator's own option strings, from its argparse definitions (simulator.py's
+    build_parser): what it accepts, so an unknown `simulator:` key is refused when the profile
+    is rendered (the preflight, before anything starts) instead of by argparse's usage at the
+    server's start. Imported here, not at the top: only a simulator profile needs it."""
+    # pylint: disable-next=import-outside-toplevel
+    from ansible_collections.servelab.serving.plugins.module_utils import simulator
+    return tuple(opt for action in simulator.build_parser()._actions   # pylint: disable=protected-access
+                 for opt in action.option_strings if opt.startswith("--"))
+
+
+def _unknown_simulator_key(key: str, flag: str, known: Tuple[str, ...], where: str) -> str:
+    keys = sorted(f[2:].replace("-", "_") for f in known
+                  if f not in SIMULATOR_OWN_FLAGS and f != "--help")
+    if flag in SIMULATOR_OWN_FLAGS:
+        return (f"{where}: simulator.{key} is set by servelab ({flag}: bench_server_bind, "
+                f"bench_server_port, the profile's model); remove it from simulator")
+    near = difflib.get_close_matches(str(key), keys, n=1)
+    return (f"{where}: simulator.{key}: unknown simulator key (the simulator has no {flag})"
+            + (f"; did you mean {near[0]}?" if near else "")
+            + f" (simulator keys: {', '.join(keys)})")
+
+
 def _simulator_args(profile: Profile, where: str) -> List[str]:
     settings = dict(profile.simulator)
     settings.setdefault("profile", profile.base or profile.name)
     args: List[str] = []
+    known = simulator_flags()
     for key in sorted(settings, key=lambda k: (k != "profile", k)):
         value = settings[key]
         flag = SIMULATOR_FLAGS.get(key, "--" + str(key).replace("_", "-"))
+        if isinstance(value, (list, tuple, dict)):
+            raise ProfileError(f"{where}: simulator.{key} must be a single value; "
+                               f"put repeated flags into extra_args")
+        if flag not in known or flag in SIMULATOR_OWN_FLAGS:
+            raise ProfileError(_unknown_simulator_key(key, flag, known, where))
         if value is None or value is False:
             continue
         if value is True:
             args.append(flag)
-        elif isinstance(value, (list, tuple, dict)):
-            raise ProfileError(f"{where}: simulator.{key} must be a single value; "
-                               f"put repeated flags into extra_args")
         else:
             args += [flag, str(value)]
     return args

@@ -1,0 +1,88 @@
+"""Every port a run binds on a host is locked with the run and checked free first (issue 26).
+
+What was seen: a derived `router` profile binds bench_server_port + 1 and + 2, but the run lock
+held only bench_server_port: a second run on P+1 got its lock, made a run directory and failed
+at "Start the server". And a port already held by another process was found only at server
+start, after the run directory was made."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.servelab.serving.plugins.module_utils import preflight as target
+from ansible_collections.servelab.serving.plugins.module_utils.run import lock
+from ansible_collections.servelab.serving.plugins.modules import bench_lock
+
+
+def free_port() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= 65533:
+            return port
+
+
+@pytest.fixture
+def listener():
+    """A process of its own listening on a free loopback port: (pid, port)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import socket, sys, time\n"
+         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+         "print(s.getsockname()[1], flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        yield proc.pid, port
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def params(port, extra=()):
+    return {"state_dir": None, "port": port, "extra_ports": list(extra)}
+
+
+def test_a_routers_halves_are_locked_with_the_server_port(tmp_path):
+    lock_dir = str(tmp_path / "locks")
+    port = free_port()
+    first = lock.acquire(lock_dir, bench_lock.resources(params(port, [port + 1, port + 2]),
+                                                        lock_dir),
+                         "first-run", lock.Controller.of_pid(os.getpid()))
+    assert sorted(r.port for r in first.written) == [port, port + 1, port + 2]
+    # a second run on the router's speculative half is refused, nothing written for it
+    second = lock.acquire(lock_dir, bench_lock.resources(params(port + 1), lock_dir),
+                          "second-run", lock.Controller.of_pid(os.getppid()))
+    assert [(c.resource, c.holder.run_id) for c in second.conflicts] == [
+        ("port:%d" % (port + 1), "first-run")]
+    assert second.written == []
+
+
+def item(port, state_dir, needed_for="the speculative half of the router"):
+    return {"variable": "bench_server_port", "port": port, "needed_for": needed_for,
+            "state_dir": str(state_dir), "hosts": ["gpu1"], "where": "vars.yml:2"}
+
+
+def test_a_busy_port_is_refused_naming_the_variable_and_the_holder(tmp_path, listener):
+    pid, port = listener
+    [problem] = target.run_checks([], [], [], [item(port, tmp_path / "servers")])
+    assert problem.message.startswith("bench_server_port: port %d on this host, needed for the "
+                                      "speculative half of the router, is already in use by "
+                                      "pid %d (" % (port, pid)), problem.message
+    assert "stop that process or set bench_server_port to a free port" in problem.message
+    assert problem.hosts == ("gpu1",) and problem.where == "vars.yml:2"
+
+
+def test_a_free_port_and_this_state_dirs_own_leftover_server_pass(tmp_path, listener):
+    pid, port = listener
+    assert target.run_checks([], [], [], [item(free_port(), tmp_path / "servers")]) == []
+    # the listener recorded as a server of the run's state directory: the reap ends it
+    server = tmp_path / "servers" / "servelab-baseline"
+    server.mkdir(parents=True)
+    (server / "state.json").write_text(json.dumps({"pid": pid}))
+    assert target.run_checks([], [], [], [item(port, tmp_path / "servers")]) == []
