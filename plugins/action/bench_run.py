@@ -63,7 +63,8 @@ class ActionModule(ActionBase):
                               check_mode=check)
             else:
                 closed = close_run(root, args["run_id"], me, args["status"], now=utc_now(),
-                                   reason=args["reason"], check_mode=check)
+                                   reason=args["reason"], check_mode=check,
+                                   resume_command=args["resume_command"])
                 result.update(dataclasses.asdict(closed), changed=closed.manifest_written
                               or bool(closed.released), results_root=root)
         except (RunError, LockError) as exc:

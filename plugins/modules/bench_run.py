@@ -56,6 +56,14 @@ options:
     type: str
     choices: [finished, interrupted, aborted]
     default: finished
+  resume_command:
+    description:
+      - O(state=closed) with a status other than C(finished), the command that continues the
+        run (the interrupted ansible-playbook's own options with C(-e bench_resume=<run_id>),
+        secrets masked), recorded as C(resume_command) in the manifest for the report. The
+        interrupt cleanup passes it; empty leaves the report to build one from the manifest.
+    type: str
+    default: ""
   reason:
     description: Why the run stopped (C(SIGINT), C(SIGTERM), a failed play), recorded with an interrupted run.
     type: str
@@ -147,6 +155,7 @@ ARGUMENT_SPEC = dict(
     break_lock=dict(type="bool", default=False),
     status=dict(type="str", choices=["finished", "interrupted", "aborted"], default="finished"),
     reason=dict(type="str", default=""),
+    resume_command=dict(type="str", default=""),
     owner_pid=dict(type="int"),
 )
 

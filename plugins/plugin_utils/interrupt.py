@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -73,7 +74,32 @@ def cleanup_command(cliargs: Dict, run: OpenRun, owner_pid: int, status: str, re
     identity as the last extra vars (they win over the user's)."""
     exe = ansible_playbook or _ansible_playbook()
     cmd = [sys.executable, exe] if exe.endswith(".py") or _is_python_script(exe) else [exe]
-    defaults = cli_defaults() if defaults is None else defaults
+    cmd += _replayed_options(cliargs, cli_defaults() if defaults is None else defaults)
+    cmd += ["--extra-vars", json.dumps({
+        "bench_run_id": run.run_id, "bench_results_root": run.results_root,
+        "bench_lock_owner_pid": owner_pid, "bench_interrupt_status": status,
+        "bench_interrupt_reason": reason,
+        "bench_resume_command": resume_command(cliargs, run.run_id, defaults)})]
+    cmd.append(playbook)
+    return cmd
+
+
+def resume_command(cliargs: Dict, run_id: str, defaults: Optional[Dict] = None) -> str:
+    """What the user types to continue the run: ansible-playbook with the run's own options
+    and playbook, and -e bench_resume=<run_id> (the report of an interrupted run gives it).
+    A secret given inline (-e bench_api_key=...) is masked: the report never holds one."""
+    # pylint: disable-next=import-outside-toplevel
+    from ansible_collections.servelab.serving.plugins.module_utils.redact import redact_cmdline
+    cmd = ["ansible-playbook"]
+    cmd += _replayed_options(cliargs, cli_defaults() if defaults is None else defaults)
+    cmd += ["-e", "bench_resume=%s" % run_id]
+    cmd += [str(p) for p in cliargs.get("args") or ()] or ["bench.yml"]
+    return str(redact_cmdline(shlex.join(cmd)))
+
+
+def _replayed_options(cliargs: Dict, defaults: Dict) -> List[str]:
+    """The options of the run's command line that differ from ansible-playbook's defaults."""
+    cmd: List[str] = []
     for key, flag in _LIST_FLAGS:
         for value in cliargs.get(key) or ():
             cmd += [flag, str(value)]
@@ -88,11 +114,6 @@ def cleanup_command(cliargs: Dict, run: OpenRun, owner_pid: int, status: str, re
     verbosity = int(cliargs.get("verbosity") or 0)
     if verbosity:
         cmd.append("-" + "v" * verbosity)
-    cmd += ["--extra-vars", json.dumps({
-        "bench_run_id": run.run_id, "bench_results_root": run.results_root,
-        "bench_lock_owner_pid": owner_pid, "bench_interrupt_status": status,
-        "bench_interrupt_reason": reason})]
-    cmd.append(playbook)
     return cmd
 
 
@@ -247,7 +268,8 @@ class InterruptGuard:
         from ansible_collections.servelab.serving.plugins.plugin_utils.run_record import close_run
 
         close_run(run.results_root, run.run_id, Controller.of_pid(self.main_pid), status,
-                  now=utc_now(), reason=reason)
+                  now=utc_now(), reason=reason,
+                  resume_command=resume_command(self.cliargs, run.run_id))
 
     def _cleanup_playbook(self, run: OpenRun, status: str, reason: str) -> None:
         cmd = cleanup_command(self.cliargs, run, self.main_pid, status, reason)

@@ -263,7 +263,8 @@ def failed_profiles(manifest: dict) -> List[dict]:
 
 
 def close_run(results_root: str, run_id: str, controller: lock.Controller, status: str, *,
-              now: str, reason: str = "", check_mode: bool = False) -> ClosedRun:
+              now: str, reason: str = "", check_mode: bool = False,
+              resume_command: str = "") -> ClosedRun:
     if status not in STATUSES:
         raise RunError("status must be one of %s, got %r" % (", ".join(STATUSES), status))
     run_dir = os.path.join(results_root, run_id)
@@ -273,7 +274,8 @@ def close_run(results_root: str, run_id: str, controller: lock.Controller, statu
     if manifest_exists:
         merge = {"status": status, status + "_at": now}
         if status != "finished":
-            merge.update(level_in_flight=in_flight, interrupt_reason=reason or status)
+            merge.update(level_in_flight=in_flight, interrupt_reason=reason or status,
+                         resume_command=resume_command or None)
         else:
             # bench.yml records finished_at before the report, which states it: keep that one.
             # A resumed run that finishes has no level in flight any more (interrupted_at and
@@ -284,7 +286,7 @@ def close_run(results_root: str, run_id: str, controller: lock.Controller, statu
                 earlier = None      # the merge below reports an unreadable manifest
             if earlier:
                 merge["finished_at"] = earlier
-            merge.update(level_in_flight=[], interrupt_reason=None)
+            merge.update(level_in_flight=[], interrupt_reason=None, resume_command=None)
         try:
             manifest = merge_into_manifest(run_dir, merge, check_mode=check_mode).manifest
         except ManifestError as exc:

@@ -98,6 +98,7 @@ class Run(PlaybookProcess):
         self.results_root = results_root or tmp_path / "results"
         varsfile = tmp_path / ("vars-%s.json" % self.mark[:8])
         varsfile.write_text(json.dumps(extra))
+        self.varsfile = varsfile
         env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
                    SERVELAB_RESULTS_ROOT=str(self.results_root), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1", **{MARK: self.mark})
@@ -223,7 +224,15 @@ def test_an_interrupt_stops_everything_records_the_level_in_flight_and_resume_fi
         ("baseline", "C=2")]
     # The report of what finished, and only of that.
     assert sorted(level_rows(run_dir)) == [("baseline", 1)]
-    assert (run_dir / results.SUMMARY).is_file()
+    # ... which says it was interrupted, what it measured and the command that resumes it
+    summary = (run_dir / results.SUMMARY).read_text()
+    assert "## Run interrupted" in summary and "finished not recorded" not in summary
+    assert ("level in flight, not measured: baseline C=2 on localhost" in summary
+            and "measured: baseline on localhost: C=1" in summary), summary
+    resume = manifest["resume_command"]
+    assert resume in summary and resume.endswith(
+        "-e bench_resume=%s %s" % (run_id, os.path.join(REPO, "bench.yml"))), resume
+    assert "--extra-vars @%s" % run.varsfile in resume, resume
     with open(run_dir / results.LEVELS, newline="") as fh:
         assert [int(r["concurrency"]) for r in csv.DictReader(fh)] == [1]
     part = run_dir / results.PARTS_DIR / "localhost__baseline__c1.json"

@@ -193,10 +193,24 @@ def test_the_cleanup_replays_the_runs_options_and_its_identity_last():
     assert cmd[cmd.index("--user") + 1] == "bench"
     extras = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--extra-vars"]
     assert extras[:2] == ["@vars.yml", "bench_run_id=x"]
-    assert json.loads(extras[-1]) == {
+    identity = json.loads(extras[-1])
+    resume = identity.pop("bench_resume_command")
+    assert identity == {
         "bench_run_id": "r1", "bench_results_root": "/res", "bench_lock_owner_pid": 4242,
         "bench_interrupt_status": "interrupted", "bench_interrupt_reason": "SIGTERM"}
+    # the report's resume command: the run's own options, then bench_resume
+    assert resume.startswith("ansible-playbook --inventory inventory/local ")
+    assert resume.endswith(" -vv -e bench_resume=r1 bench.yml"), resume
     assert cmd[-1] == "/c/bench_interrupted.yml"
     assert os.path.isfile(interrupt.CLEANUP_PLAYBOOK)
     # ansible-playbook's own defaults, read from its parser.
     assert interrupt.cli_defaults().get("connection")
+
+
+def test_the_resume_command_keeps_the_playbook_and_masks_an_inline_secret():
+    cliargs = {"inventory": ("inventory/local",), "args": ("bench.yml",),
+               "extra_vars": ("@vars.yml", "bench_api_key=sk-live-0123456789abcdef")}
+    cmd = interrupt.resume_command(cliargs, "r1", defaults={})
+    assert cmd.startswith("ansible-playbook --inventory inventory/local --extra-vars @vars.yml ")
+    assert cmd.endswith("-e bench_resume=r1 bench.yml")
+    assert "sk-live-0123456789abcdef" not in cmd

@@ -413,6 +413,8 @@ def failing_profiles(levels: pd.DataFrame, records=()) -> dict:
             continue
         if status == "failed":
             why = "it failed" + (f" in '{rec.failed_task}'" if rec.failed_task else "")
+        elif status in ("interrupted", "aborted"):       # the run's end (report/context.py)
+            why = f"its sweep was {status} before it finished"
         else:
             why = f"its sweep did not finish (status {status})"
         for host in hosts if rec.host == "*" else [rec.host]:

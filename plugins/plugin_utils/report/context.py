@@ -13,9 +13,13 @@ come from an older servelab or be written by hand.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.interruption import (
+    ENDED, Interruption, interruption,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.redact import (
     collect_secrets,
     redact_cmdline,
@@ -52,6 +56,8 @@ class RunContext:
     records: list  # ProfileRecord per (profile, host) the manifest knows
     gpus: dict  # host -> "8x NVIDIA RTX PRO 6000 ..., driver 580.x"
     time_scale_text: str
+    # how a run that did not finish ended (report/interruption.py); None when it finished
+    interruption: Interruption | None = None
 
 
 def _scale(value) -> float | None:
@@ -171,6 +177,11 @@ def time_scale_statement(records: list, measured: set) -> str:
 
 def run_context(manifest: dict, run_id: str, measured: set) -> RunContext:
     records = profile_records(manifest)
+    intr = interruption(manifest, run_id)
+    if intr is not None:
+        # a profile still `started` in a closed run is the one the interruption cut short
+        records = [dataclasses.replace(r, status=intr.status)
+                   if (r.status or "").lower() == "started" else r for r in records]
     git = manifest.get("git") if isinstance(manifest.get("git"), dict) else {}
     commit = _text(git.get("commit") or manifest.get("git_commit"))
     gpus = {}
@@ -188,9 +199,11 @@ def run_context(manifest: dict, run_id: str, measured: set) -> RunContext:
         records=records,
         gpus=gpus,
         time_scale_text=time_scale_statement(records, measured),
+        interruption=intr,
     )
 
 
 def failed_records(context: RunContext) -> list:
     """Profiles that failed, or started and never finished (a run cut short)."""
-    return [r for r in context.records if (r.status or "").lower() in ("failed", "started")]
+    return [r for r in context.records
+            if (r.status or "").lower() in ("failed", "started") + ENDED]

@@ -41,6 +41,9 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis i
     time_scale_badge,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import RunContext, failed_records
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.interruption import (
+    lines as interruption_lines,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.schedule import (
     derived_lines,
     derived_rows,
@@ -307,7 +310,11 @@ def crossover_lines(content: ReportContent) -> list:
 def _run_lines(content: ReportContent) -> list:
     ctx = content.context
     lines = [f"run: {content.run_id} ({content.results_dir})"]
-    if ctx.started_at or ctx.finished_at:
+    intr = ctx.interruption
+    if intr is not None:
+        lines.append(f"started {ctx.started_at or '?'}, {intr.status} ({intr.reason}) at "
+                     f"{intr.at or 'a time not recorded'}")
+    elif ctx.started_at or ctx.finished_at:
         lines.append(
             f"started {ctx.started_at or '?'}, finished {ctx.finished_at or 'not recorded'}"
         )
@@ -325,8 +332,13 @@ def _failure_lines(content: ReportContent) -> list:
     lines = []
     for rec in failed_records(content.context):
         where = "" if rec.host == "*" else f" on {rec.host}"
-        if (rec.status or "").lower() == "started":
+        status = (rec.status or "").lower()
+        intr = content.context.interruption
+        if status == "started":
             lines.append(f"{rec.profile}{where}: started but never finished (run cut short?)")
+        elif intr is not None and status == intr.status:
+            lines.append(f"{rec.profile}{where}: {status} ({intr.reason}) before its sweep "
+                         "finished")
         else:
             lines.append(
                 f"{rec.profile}{where} FAILED"
@@ -375,6 +387,10 @@ def summary_markdown(content: ReportContent) -> str:
     hosts = sorted(content.levels["host"].unique())
     out = [f"# servelab benchmark report: {content.run_id}", ""]
     out += [f"- {line}" for line in _run_lines(content)] + [""]
+    intr = content.context.interruption
+    if intr is not None:
+        out += [f"## Run {intr.status}", ""]
+        out += [f"- {line}" for line in interruption_lines(intr, content.levels)] + [""]
     out += ["## Time scale", "", content.context.time_scale_text, ""]
     out += ["## Recommendation", "", content.recommendation, ""]
     out += ["## Crossover", ""]
@@ -446,6 +462,12 @@ def report_html(content: ReportContent) -> str:
         f"<style>{_CSS}</style></head><body>",
         f"<h1>servelab benchmark report: {esc(content.run_id)}</h1>",
         _ul(_run_lines(content)),
+    ]
+    intr = content.context.interruption
+    if intr is not None:
+        parts += [f"<h2>Run {esc(intr.status)}</h2>",
+                  _ul(interruption_lines(intr, content.levels))]
+    parts += [
         "<h2>Time scale</h2>",
         f"<p>{esc(content.context.time_scale_text)}</p>",
         "<h2>Recommendation</h2>",
