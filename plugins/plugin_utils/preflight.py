@@ -723,6 +723,7 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
                             "env": {str(k): str(val) for k, val in env.items()
                                     if val is not None},
                             "state_dir": state_dir}})
+        _rank_ports(inp, name, profile.get("nodes"), port, state_dir, where, targets)
     return len(seen), first_model, (None if launches else external_url)
 
 
@@ -819,6 +820,21 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
     if not flagged.intersection(SWEEP_VARIABLES) and not set(SWEEP_VARIABLES) & set(inp.errors):
         _check_sweep_options(inp, workload, model, add, external_url)
     return problems, count
+
+
+def _rank_ports(inp: HostInput, name: str, nodes: Any, port: Optional[int], state_dir: str,
+                where: str, targets: Dict[str, TargetCheck]) -> None:
+    """A multi-node profile's other ranks bind this host's bench_server_port on their own hosts
+    (roles/bench/tasks/multinode_start.yml): checked free there, as this host's is here."""
+    if not isinstance(nodes, Mapping) or port is None:
+        return
+    for rank, rank_host in enumerate(nodes.get("hosts") or ()):
+        if rank_host == inp.host:
+            continue
+        targets.setdefault(str(rank_host), TargetCheck(str(rank_host))).ports.append({
+            "variable": "bench_server_port", "port": port, "hosts": [inp.host],
+            "where": inp.origins.get("bench_server_port", where), "state_dir": state_dir,
+            "needed_for": "rank %d of multi-node profile %s (nodes)" % (rank, name)})
 
 
 def _check_ports(inp: HostInput, targets: Dict[str, TargetCheck]) -> None:

@@ -86,3 +86,15 @@ def test_a_free_port_and_this_state_dirs_own_leftover_server_pass(tmp_path, list
     server.mkdir(parents=True)
     (server / "state.json").write_text(json.dumps({"pid": pid}))
     assert target.run_checks([], [], [], [item(port, tmp_path / "servers")]) == []
+
+
+def test_a_multi_node_profiles_other_ranks_have_the_port_checked_on_their_hosts():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_preflight import nodes_host, run  # pylint: disable=import-outside-toplevel
+    report = run(nodes_host())
+    assert report.problems == []
+    ports = {c.host: [(p["port"], p["needed_for"]) for p in c.ports]
+             for c in report.target_checks}
+    port = nodes_host().values["bench_server_port"]
+    assert ports["gpu1"] == [(port, "the server")]
+    assert ports["gpu2"] == [(port, "rank 1 of multi-node profile big (nodes)")]
