@@ -258,7 +258,14 @@ def test_tmux_server_and_its_unrelated_windows_survive_a_default_reap(sp, tmp_pa
         res = reap(opts(sp, patterns=list(DEFAULT_PATTERNS), grace=3.0,
                         protect_pids=strangers(sp, ours, patterns=list(DEFAULT_PATTERNS))))
         killed = by_pid(res.killed)
-        assert set(killed) == {job["pid"], job["children"][0]["pid"]}
+        helper = job["children"][0]["pid"]
+        # The helper is a target (the job's descendant) and ends either way: by our SIGTERM, or
+        # first by the SIGHUP tmux sends the pane's process group once the job has died; on a
+        # loaded machine the reaper can be preempted between the two sends. Either is reported.
+        vanished = by_pid(res.vanished)
+        assert set(killed) - {helper} == {job["pid"]} and not res.survivors
+        assert helper in killed or vanished[helper].found_by == "descendant", (killed, vanished)
+        assert not alive(helper)
         assert killed[job["pid"]].found_by == "device_fd"
         assert alive(tmux.server_pid), "the tmux server was killed"
         for pid in sleeps:
