@@ -11,8 +11,10 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -268,3 +270,37 @@ def test_a_host_acts_on_its_own_records_and_spares_its_siblings_servers(tmp_path
     lock.release(lock_dir, [(r.path, r.token) for r in mine])
     left = [lock.LockRecord.from_dict(r, r["path"]) for r in lock.survey(lock_dir)["records"]]
     assert {r.inventory_host for r in left} == {"gpu-b"} and len(left) == 2
+
+
+def test_the_guard_is_shared_by_every_user_of_the_machine(tmp_path, request):
+    """The first user to lock creates the guard writable for all (not 0644 by the umask); a
+    guard that another user left 0644 is still usable: flock needs no write access. Found when
+    `make test` as a second user met root's /tmp/servelab-locks/.guard: Permission denied."""
+    lock_dir = lock.prepare_lock_dir(str(tmp_path / "locks"))
+    old = os.umask(0o022)
+    try:
+        with lock.guarded(lock_dir):
+            pass
+    finally:
+        os.umask(old)
+    assert os.stat(os.path.join(lock_dir, lock.GUARD)).st_mode & 0o777 == 0o666
+    if os.geteuid() != 0:
+        return
+    # As root: a guard of root's at 0644, then another user locks (a child that drops to nobody),
+    # in a directory nobody can reach (pytest's own temporary tree is root's alone).
+    shared = tempfile.mkdtemp(prefix="servelab-test-guard-", dir="/tmp")
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+    os.chmod(shared, 0o755)
+    lock_dir = lock.prepare_lock_dir(os.path.join(shared, "locks"))
+    with lock.guarded(lock_dir):
+        pass
+    os.chmod(os.path.join(lock_dir, lock.GUARD), 0o644)
+    # Everything imported first: the interpreter may live where nobody cannot read.
+    code = ("import os, sys; sys.path[:0] = %r\n"
+            "import collection_link; collection_link.importable()\n"
+            "from ansible_collections.servelab.serving.plugins.module_utils.run import lock\n"
+            "os.setgid(65534); os.setuid(65534)\n"
+            "with lock.guarded(%r, timeout=5):\n    print('locked')\n" % (sys.path, lock_dir))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "locked" in done.stdout, done.stdout + done.stderr

@@ -200,15 +200,39 @@ def prepare_lock_dir(lock_dir: str) -> str:
     return lock_dir
 
 
+def _open_guard(path: str) -> int:
+    """The guard file, shared by every user of the machine: whoever creates it makes it
+    writable for all (the umask would leave it 0644, and the next user could not open it for
+    writing). flock needs no write access, so a guard made 0644 by an older release is opened
+    read-only."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise LockError("cannot open %s: %s" % (path, exc.strerror)) from None
+    else:
+        try:
+            os.fchmod(fd, 0o666)
+        except OSError:
+            pass
+        return fd
+    for flags in (os.O_RDWR, os.O_RDONLY):
+        try:
+            return os.open(path, flags)
+        except PermissionError:
+            continue
+        except OSError as exc:
+            raise LockError("cannot open %s: %s" % (path, exc.strerror)) from None
+    raise LockError("cannot open %s: permission denied" % path)
+
+
 @contextlib.contextmanager
 def guarded(lock_dir: str, timeout: float = 30.0) -> Iterator[None]:
     """Every change of a machine's records happens under this flock: a take-over reads the holder
     and replaces it in one step, so two runs cannot both take over the same stale record."""
     path = os.path.join(lock_dir, GUARD)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise LockError("cannot open %s: %s" % (path, exc.strerror)) from None
+    fd = _open_guard(path)
     try:
         if not wait_exclusive(fd, timeout, poll=0.05):
             raise LockError("another servelab task has held %s for more than %.0f s; if "
