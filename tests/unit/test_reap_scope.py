@@ -241,12 +241,15 @@ def test_tmux_server_and_its_unrelated_windows_survive_a_default_reap(sp, tmp_pa
         for pid in (job["pid"], job["children"][0]["pid"]):
             sp.pids[pid] = "gpujob"
         panes = tmux.pane_pids()
-        sleeps = [p for p in panes if p != job["pid"]]
-        assert len(sleeps) == 2 and job["pid"] in panes
+        # tmux runs a window's command through the user's shell: bash execs it (the pane's pid
+        # is the job), dash does not (the pane's pid is a `sh -c` whose child is the job).
+        job_pane = job["pid"] if job["pid"] in panes else read_stat(job["pid"]).ppid
+        sleeps = [p for p in panes if p != job_pane]
+        assert len(sleeps) == 2 and job_pane in panes, (panes, job)
         server_cmdline = read_cmdline(tmux.server_pid)
         assert any(re.search(p, server_cmdline) for p in DEFAULT_PATTERNS), \
             "the default patterns should match the tmux server's command line %r" % server_cmdline
-        ours = {tmux.server_pid, job["pid"], job["children"][0]["pid"]} | set(sleeps)
+        ours = {tmux.server_pid, job_pane, job["pid"], job["children"][0]["pid"]} | set(sleeps)
 
         for scope in ("any", "own_gpu"):       # any: even the old reach spares them now
             common = dict(patterns=list(DEFAULT_PATTERNS), pattern_scope=scope, grace=3.0)
