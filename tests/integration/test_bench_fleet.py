@@ -67,8 +67,8 @@ def _raise_interrupt(signum, frame):
 @pytest.fixture
 def fleet_net(tmp_path):
     if os.geteuid() != 0:
-        _unavailable("the fleet test needs root (network namespaces, veth links, sshd): run it "
-                     "as root")
+        _unavailable("the fleet test needs root (network namespaces, veth links, sshd): run "
+                     "`make test-integration` as root")
     try:
         ensure_sshd()
     except FleetNetUnavailable as err:
