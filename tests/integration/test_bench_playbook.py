@@ -91,9 +91,6 @@ def _base_vars(tmp_path, profiles):
         "bench_workload": {"kind": "synthetic", "input_tokens": PROMPT_TOKENS,
                            "output_tokens": OUTPUT_TOKENS, "count": 32},
         "bench_max_tokens": OUTPUT_TOKENS,
-        # 8 latency samples, not the default 30: no test here reads a p99, and 30 samples of a
-        # 256-token stream at C=1 held every C=1 window open about three times its 3 s.
-        "bench_min_latency_samples": 8,
     }
 
 
