@@ -251,6 +251,9 @@ def compat(gpus, pins, cuda_version, rules, require_fusion=True, host="the host"
 # check_env prints `key: value` lines (sglang/check_env.py: check_env()); the topology value is
 # `nvidia-smi topo -m`'s table on the lines after its key, up to the next key check_env prints.
 _AFTER_TOPOLOGY = ("Hypervisor vendor", "ulimit soft")
+# SGLang's own key carries a colon, so it prints "Hypervisor vendor:: KVM" (sglang 0.5.23
+# sglang/check_env.py:118 returns {"Hypervisor vendor:": ...}, :141 prints f"{k}: {v}"): a key is
+# read without its trailing colons.
 _GPU_KEY = re.compile(r"^GPU ([\d,]+)$")
 _GPU_CC_KEY = re.compile(r"^GPU ([\d,]+) Compute Capability$")
 
@@ -261,6 +264,7 @@ def check_env(stdout) -> dict:
     fields, topology, current = {}, None, None
     for line in str(stdout or "").splitlines():
         key, sep, value = line.partition(": ")
+        key = key.rstrip(":") if sep else key
         if current is not None:
             if not (sep and key in _AFTER_TOPOLOGY):
                 topology.append(line)
