@@ -251,6 +251,8 @@ def test_a_vllm_speculative_profile_gets_the_exact_schedule_for_its_crossover(tm
     keep = schedule[0][1]
     assert cross["bracket"][0] <= keep < cross["concurrency"]   # on up to the crossover
     assert schedule == [[1, keep, 3], [keep + 1, 128, 0]]       # off above it, to max-num-seqs
+    # Next to it, what the measured profile did not show: vllm#49548 and vLLM 0.33.0's PIECEWISE override.
+    assert "vllm-project/vllm#49548" in text and "PIECEWISE" in text and "vllm/config/vllm.py:1069-1086" in text
 
 
 def test_a_sglang_speculative_profile_is_told_there_is_no_switch(tmp_path):
