@@ -264,7 +264,11 @@ def _key(version: str):
 
 
 class _Dumper(yaml.SafeDumper):
-    """Versions always quoted: YAML would read a release like 1.10 as a number."""
+    """Versions always quoted (YAML would read a release like 1.10 as a number); list items indented
+    under their key, as the repository's yamllint (ansible-lint) wants them."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
 
 
 _Dumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(

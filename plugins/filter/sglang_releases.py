@@ -114,8 +114,8 @@ def gate_problem(label, arch, sglang_version, gate, releases) -> str:
     """The sentence for a GPU whose compute capability SGLang's gate does not allow."""
     major = int(str(arch).split(".", 1)[0])
     what = {"refuse": "refuses FlashInfer's allreduce fusion there (the server fails at start)",
-            "skip": "accepts the fusion flag but never runs the fusion there"}.get(gate.get("elsewhere"),
-                                                                                    "does not run the fusion there")
+            "skip": "accepts the fusion flag but never runs the fusion there"}
+    what = what.get(gate.get("elsewhere"), "does not run the fusion there")
     assumed = "" if gate.get("exact") else " (SGLang %s is not recorded: the gate of %s is assumed)" % (
         sglang_version, gate.get("release"))
     pairs = fusion_pairs(major, releases)

@@ -112,4 +112,3 @@ def test_the_gates_read_from_the_pinned_sources():
     assert (sglang["fusion_majors"], sglang["fusion_elsewhere"], sglang["kernel_floor"]) == ([9, 10], "refuse", "0.4.9")
     older = facts.sglang_facts(facts.wheel("sglang", "0.5.13.post1"))
     assert (older["fusion_majors"], older["fusion_elsewhere"]) == ([9, 10], "skip")
-

@@ -81,7 +81,7 @@ def test_the_old_flashinfer_minimum_disagrees_with_the_wheels():
 
 def test_nothing_the_role_takes_from_pypi_is_missing_there():
     req = filters.requirements({"sglang": "0.5.23", "torch": "2.14.1", "flashinfer": "0.7.2", "kernel": "0.4.10"}, "13.0")
-    pypi_names = {spec.split("==")[0] for spec in req["pypi"]}
+    pypi_names = {spec.split("==", maxsplit=1)[0] for spec in req["pypi"]}
     for name, served in RELEASES["on_pypi"].items():
         if not served["0.7.2"]:
             assert name not in pypi_names, name

@@ -49,9 +49,10 @@ def recorded(kind: str, version: str) -> dict:
     try:
         return releases()[kind][version]
     except KeyError:
-        raise ReleaseNotRecorded("%s %s is not recorded in %s: add it to tools/sglang_release_facts.py and rerun "
-                                 "the tool, so that its stand-in carries the real metadata" % (kind, version,
-                                                                                              RELEASES_FILE)) from None
+        raise ReleaseNotRecorded(
+            "%s %s is not recorded in %s: add it to tools/sglang_release_facts.py and rerun the tool, so that its "
+            "stand-in carries the real metadata" % (kind, version, RELEASES_FILE)) from None
+
 
 TORCH_VERSION_PY = '''"""servelab lab stand-in for torch/version.py (same fields as PyTorch's)."""
 from typing import Optional
