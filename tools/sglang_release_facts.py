@@ -33,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 
 import yaml
@@ -91,10 +92,15 @@ def wheel(name: str, version: str, cache: str = CACHE) -> str:
     found = glob.glob(pattern) or glob.glob(pattern.replace(name.replace("-", "_"), name))
     if not found:
         os.makedirs(cache, exist_ok=True)
-        done = _pip(["download", "-q", "--no-deps", "-d", cache] + PLATFORM + ["%s==%s" % (name, version)])
+        # Into a private directory, then renamed: test workers running side by side (pytest -n)
+        # never see a half-written wheel.
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            done = _pip(["download", "-q", "--no-deps", "-d", tmp] + PLATFORM + ["%s==%s" % (name, version)])
+            got = glob.glob(os.path.join(tmp, "*.whl"))
+            if done.returncode != 0 or not got:
+                raise FactError("pip download %s==%s failed: %s" % (name, version, done.stderr.strip()[-600:]))
+            os.replace(got[0], os.path.join(cache, os.path.basename(got[0])))
         found = glob.glob(pattern)
-        if done.returncode != 0 or not found:
-            raise FactError("pip download %s==%s failed: %s" % (name, version, done.stderr.strip()[-600:]))
     return found[0]
 
 
@@ -103,10 +109,12 @@ def metadata_report(name: str, version: str, cache: str = CACHE) -> dict:
     path = os.path.join(cache, "reports", "%s-%s.json" % (normalize(name), version))
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        done = _pip(["install", "--dry-run", "--ignore-installed", "--no-deps", "-q", "--report", path,
+        partial = "%s.%d.part" % (path, os.getpid())
+        done = _pip(["install", "--dry-run", "--ignore-installed", "--no-deps", "-q", "--report", partial,
                      "--target", os.path.join(cache, "unused")] + PLATFORM + ["%s==%s" % (name, version)])
-        if done.returncode != 0 or not os.path.exists(path):
+        if done.returncode != 0 or not os.path.exists(partial):
             raise FactError("pip could not read %s==%s: %s" % (name, version, done.stderr.strip()[-600:]))
+        os.replace(partial, path)
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)["install"][0]["metadata"]
 

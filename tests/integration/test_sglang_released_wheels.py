@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ def resolve(pins: dict) -> tuple:
     if saved.exists():
         stored = json.loads(saved.read_text())
         return stored["rc"], stored["report"], stored["stderr"]
-    report = cache / (name + ".report.json")
+    report = cache / ("%s.%d.report.json" % (name, os.getpid()))      # per worker (pytest -n)
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
                            "--report", str(report), "--target", str(cache / "unused")] + HOST + specs,
                           capture_output=True, text=True, timeout=1200, check=False, env=facts.pip_env())
@@ -60,7 +61,10 @@ def resolve(pins: dict) -> tuple:
     if done.returncode != 0 and "ResolutionImpossible" not in done.stderr and "conflict" not in done.stderr:
         pytest.fail("pip could not reach PyPI to resolve %s: %s" % (specs, done.stderr[-800:]))
     result = json.loads(report.read_text()) if done.returncode == 0 else None
-    saved.write_text(json.dumps({"rc": done.returncode, "report": result, "stderr": done.stderr[-4000:]}))
+    partial = saved.with_suffix(".%d.part" % os.getpid())
+    partial.write_text(json.dumps({"rc": done.returncode, "report": result, "stderr": done.stderr[-4000:]}))
+    partial.replace(saved)
+    report.unlink(missing_ok=True)
     return done.returncode, result, done.stderr[-4000:]
 
 
