@@ -47,9 +47,12 @@ def rollout_serial(value, name="gpu_stack_serial"):
 
 def rollout_max_fail_percentage(value, name="gpu_stack_max_fail_percentage"):
     """The share of a batch's hosts that may fail before the rollout stops: 0 (the default) stops
-    at the first failed host; 100 never stops for failures (every batch is tried)."""
-    fix = ("set %s to a number from 0 (stop at the first failed host) to 100 (go on whatever fails), "
-           "e.g. -e %s=0" % (name, name))
+    at the first failed host. Whatever the share, Ansible ends the play when every host of a batch
+    failed (ansible-core 2.19 executor/playbook_executor.py:198-204, `len(batch) == failed_hosts_count`),
+    so 100 goes on past a batch only while some host of it succeeded, and at serial 1, where a failed
+    host is a whole failed batch, every value stops at the first failed host."""
+    fix = ("set %s to a number from 0 (stop at the first failed host) to 100 (go on unless a whole batch "
+           "failed), e.g. -e %s=0" % (name, name))
     if isinstance(value, bool):
         raise AnsibleFilterError("%s: %r is not a percentage; %s" % (name, value, fix))
     try:

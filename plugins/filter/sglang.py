@@ -13,6 +13,8 @@ import shlex
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.servelab.serving.plugins.filter.sglang_releases import fusion_gate, gate_problem
+
 # PEP 440 public version with an optional local label (2.9.1, 0.6.7.post2, 2.9.1+cu130).
 VERSION_RE = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[A-Za-z0-9.]+)?$")
 CUDA_RE = re.compile(r"^(\d+)\.(\d+)$")
@@ -68,8 +70,10 @@ def requirements(versions, cuda_version) -> dict:
     return {
         "torch": ["torch==%s" % torch],
         "kernel": kernel_spec,
-        "pypi": ["sglang==%s" % sglang, "flashinfer-python==%s" % flashinfer, "flashinfer-cubin==%s" % flashinfer],
-        "flashinfer": ["flashinfer-jit-cache==%s+%s" % (flashinfer, tag)],
+        "pypi": ["sglang==%s" % sglang, "flashinfer-python==%s" % flashinfer],
+        # From FlashInfer's own index: PyPI's flashinfer-cubin stops at 0.6.13 and it has no
+        # flashinfer-jit-cache at all (vars/releases.yml, on_pypi).
+        "flashinfer": ["flashinfer-cubin==%s" % flashinfer, "flashinfer-jit-cache==%s+%s" % (flashinfer, tag)],
         "versions": {"sglang": sglang, "torch": torch, "flashinfer": flashinfer,
                      "flashinfer_jit_cache": "%s+%s" % (flashinfer, tag),
                      "kernel": kernel, "kernel_package": kernel_name, "cuda_tag": tag},
@@ -179,14 +183,17 @@ def _source(rule, what):
     return text
 
 
-def compat(gpus, pins, cuda_version, rules, require_fusion=True, host="the host") -> dict:
+def compat(gpus, pins, cuda_version, rules, require_fusion=True, host="the host", releases=None) -> dict:
     """The GPUs' compute capability against the rules: {checked, gpus: [...], problems: [...]}.
 
     A GPU whose rule says FlashInfer's allreduce fusion runs there from FlashInfer `flashinfer_min`
     and FlashInfer's JIT needs CUDA `cuda_min` is a problem when the pinned FlashInfer or the CUDA
     release is older; a GPU without fusion (or without a rule) is one when require_fusion is true.
+    Fusion also needs SGLang's own gate (releases: vars/releases.yml, filter sglang_fusion_gate):
+    SGLang 0.5.14+ raises at start on any GPU outside it, older releases skip the fusion there.
     Each problem names the GPU, the versions and the fix. No GPU seen: nothing to check.
     """
+    gate = fusion_gate(pins["sglang"], releases)
     flashinfer = pins["flashinfer"]
     cuda = str(cuda_version)
     report = {"checked": bool(gpus), "require_fusion": bool(require_fusion), "gpus": [], "problems": []}
@@ -194,7 +201,7 @@ def compat(gpus, pins, cuda_version, rules, require_fusion=True, host="the host"
         label = "GPU %s %s (SM %s) on %s" % (indexes, name, arch or "unknown", host)
         rule = _rule_for(arch, rules)
         entry = {"gpus": indexes, "name": name, "arch": arch, "rule": rule and rule.get("arch"),
-                 "fusion": False, "flashinfer_min": None, "cuda_min": None}
+                 "fusion": False, "flashinfer_min": None, "cuda_min": None, "sglang_allows": None}
         report["gpus"].append(entry)
         if rule is None:
             if require_fusion:
@@ -226,6 +233,13 @@ def compat(gpus, pins, cuda_version, rules, require_fusion=True, host="the host"
                     "or sglang_require_allreduce_fusion: false to run without fusion." % (
                         label, flashinfer, rule["arch"], minimum, _source(rule, "flashinfer"), minimum))
             continue
+        if gate:
+            major = _release(arch)[:1]
+            entry["sglang_allows"] = bool(major) and major[0] in gate["majors"]
+            if not entry["sglang_allows"]:
+                if require_fusion:
+                    report["problems"].append(gate_problem(label, arch, pins["sglang"], gate, releases))
+                continue
         entry["fusion"] = True
     return report
 
@@ -237,6 +251,9 @@ def compat(gpus, pins, cuda_version, rules, require_fusion=True, host="the host"
 # check_env prints `key: value` lines (sglang/check_env.py: check_env()); the topology value is
 # `nvidia-smi topo -m`'s table on the lines after its key, up to the next key check_env prints.
 _AFTER_TOPOLOGY = ("Hypervisor vendor", "ulimit soft")
+# SGLang's own key carries a colon, so it prints "Hypervisor vendor:: KVM" (sglang 0.5.23
+# sglang/check_env.py:118 returns {"Hypervisor vendor:": ...}, :141 prints f"{k}: {v}"): a key is
+# read without its trailing colons.
 _GPU_KEY = re.compile(r"^GPU ([\d,]+)$")
 _GPU_CC_KEY = re.compile(r"^GPU ([\d,]+) Compute Capability$")
 
@@ -247,6 +264,7 @@ def check_env(stdout) -> dict:
     fields, topology, current = {}, None, None
     for line in str(stdout or "").splitlines():
         key, sep, value = line.partition(": ")
+        key = key.rstrip(":") if sep else key
         if current is not None:
             if not (sep and key in _AFTER_TOPOLOGY):
                 topology.append(line)

@@ -461,7 +461,9 @@ def speculation_on(p: SimProfile, decoding: int, admitted: int,
     most spec_max_batch. thrash (the pathological schedule, modelled on vLLM issue #49548's
     report): the lookup is keyed off every scheduled request, prefills included, and above the
     threshold it flips on/off from one step to the next ("K flips 2<->0 step-to-step"), so a
-    loaded server pays spec_switch_ms on nearly every step."""
+    loaded server pays spec_switch_ms on nearly every step. Not modelled: vLLM 0.33.0 runs CUDA
+    graphs PIECEWISE instead of full whenever the schedule is set (vllm/config/vllm.py:1069-1086);
+    the step times stay the profile's, so a scheduled run here is as fast as an unscheduled one."""
     if not p.speculative:
         return False
     if p.spec_dynamic == "off":

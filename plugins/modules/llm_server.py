@@ -98,6 +98,14 @@ options:
       - Engine release to render flags for. Default the version installed for I(python); when
         given and different from the installed one, the task fails.
     type: str
+  gpu_compute_capabilities:
+    description:
+      - Compute capabilities (X.Y) of the GPUs the server runs on, for example from C(gpu_facts). SGLang gates
+        FlashInfer's allreduce fusion by GPU itself (0.5.14 and later refuse it at start outside SM 9.x/10.x);
+        a fusion flag this SGLang would refuse or ignore on one of them is not rendered, and
+        C(features_skipped) says so. Unset, the flag is rendered as the profile asks.
+    type: list
+    elements: str
   ready_timeout:
     description: Seconds to wait for the first successful generation.
     type: float
@@ -286,7 +294,9 @@ ready_seconds:
   type: float
   returned: when started
 features_skipped:
-  description: "Log lines saying a feature did not run, as '<feature>: <line> (xN)'."
+  description: >-
+    Log lines saying a feature did not run, as '<feature>: <line> (xN)', and features left out of the
+    command because the engine refuses them on these GPUs, as '<feature>: not rendered: <why>'.
   type: list
   elements: str
   returned: when started
@@ -379,6 +389,7 @@ ARGUMENT_SPEC = dict(
     python=dict(type="path"),
     env=dict(type="dict", default={}),
     engine_version=dict(type="str"),
+    gpu_compute_capabilities=dict(type="list", elements="str"),
     ready_timeout=dict(type="float", default=900.0),
     probe_timeout=dict(type="float", default=60.0),
     stop_grace=dict(type="float", default=15.0),

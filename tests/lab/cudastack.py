@@ -14,10 +14,14 @@ UPGRADE = "upgrade-cuda.yml"
 STACK = "playbooks/gpu_stack.yml"
 CT = "ct129"
 VENV = "/opt/sglang/venv"
-# The role's default pins (sglang 0.5.23, torch 2.14.1, FlashInfer 0.7.2: at or above the SM120
-# allreduce-fusion minimum of the role's rules, as the lab's GPUs are RTX PRO 6000 Blackwell, SM 12.0).
-VERSIONS = StackVersions(torch="2.14.1", sglang="0.5.23", flashinfer="0.7.2", kernel="0.4.7")
-OLD_FLASHINFER = "0.6.7.post2"  # below the SM120 fusion minimum
+# The role's default pins: SGLang 0.5.23 and its own pins (torch 2.14.1, sglang-kernel 0.4.10, FlashInfer
+# 0.7.2), the stand-ins built from the released metadata (roles/sglang/vars/releases.yml).
+VERSIONS = StackVersions()
+OLD_FLASHINFER = "0.6.16"       # the role's old SM12x fusion minimum: its fusion module still says [9, 10]
+OLD_KERNEL = "0.4.7"            # the role's old kernel default: pins torch 2.13.0, SGLang 0.5.23 wants 0.4.10
+# The lab's GPUs are the field host's, RTX PRO 6000 Blackwell (SM 12.0), on which SGLang 0.5.14 and later
+# refuse FlashInfer's allreduce fusion: the upgrade runs as an operator of that fleet must run it.
+NO_FUSION = {"sglang_require_allreduce_fusion": False}
 SYSTEMD_ENV = "/etc/systemd/system.conf.d/servelab-cuda.conf"
 FIELD_CUDA = "12.8"
 # The task of playbooks/gpu_stack.yml that fails a host at the end of its batch (the rollout's stop).
@@ -66,7 +70,7 @@ class Repos:
             "sglang_pypi_index_url": self.pypi + "pypi/simple/",
             "sglang_flashinfer_index_url": self.pypi + "flashinfer/cu130/",
             "sglang_pip_trusted_hosts": [lab.controller_address],
-        }, **extra)
+        }, **dict(NO_FUSION, **extra))
 
 
 def ct(lab, script: str, *args: str, check: bool = True, timeout: float = 300, vmid: int | None = None):
@@ -105,8 +109,8 @@ def field_state(lab, repo: str, *, toolkits=(("cuda-toolkit-12-8", None),), venv
                 "--trusted-host \"$host\" --index-url \"$index\" \"$@\"; }\n"
                 "pip \"$1torch/%(tag)s/\" \"$2\" torch==%(torch)s+%(tag)s\n"
                 "pip \"$1kernel/%(tag)s/\" \"$2\" sglang-kernel==%(kernel)s+%(tag)s\n"
-                "pip \"$1pypi/simple/\" \"$2\" sglang==%(sglang)s flashinfer-python==%(fi)s flashinfer-cubin==%(fi)s\n"
-                "pip \"$1flashinfer/%(tag)s/\" \"$2\" flashinfer-jit-cache==%(fi)s+%(tag)s\n"
+                "pip \"$1pypi/simple/\" \"$2\" sglang==%(sglang)s flashinfer-python==%(fi)s\n"
+                "pip \"$1flashinfer/%(tag)s/\" \"$2\" flashinfer-cubin==%(fi)s flashinfer-jit-cache==%(fi)s+%(tag)s\n"
                 % dict(venv=VENV, tag=tag, torch=VERSIONS.torch, sglang=VERSIONS.sglang, fi=VERSIONS.flashinfer,
                        kernel=VERSIONS.kernel),
            pypi, lab.controller_address, vmid=vmid)

@@ -100,24 +100,25 @@ def test_keyring_package_points_at_the_repository(apt_repo, tmp_path):
 
 
 def test_pypi_indexes_install_a_stack_that_answers_like_the_real_one(tmp_path):
-    build_stack_indexes(tmp_path / "idx", StackVersions(), cuda_releases=("12.8", "13.0"))
+    versions = StackVersions()          # role sglang's defaults: SGLang 0.5.23 and its own pins
+    build_stack_indexes(tmp_path / "idx", versions, cuda_releases=("12.8", "13.0"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull  # this machine's pip config (find-links, constraints) stays out
     target = tmp_path / "site"
     base = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(target)]
-    for index, pins in (("torch/cu130/", ["torch==2.9.1+cu130"]),
-                        ("pypi/simple/", ["sglang==0.5.10", "flashinfer-python==0.6.7.post2",
-                                          "flashinfer-cubin==0.6.7.post2", "--no-deps"]),
-                        ("flashinfer/cu130/", ["flashinfer-jit-cache==0.6.7.post2+cu130"])):
+    fi = versions.flashinfer
+    for index, pins in (("torch/cu130/", ["torch==%s+cu130" % versions.torch]),
+                        ("pypi/simple/", ["sglang==%s" % versions.sglang, "flashinfer-python==" + fi, "--no-deps"]),
+                        ("flashinfer/cu130/", ["flashinfer-cubin==" + fi, "flashinfer-jit-cache==%s+cu130" % fi])):
         result = run(base + ["--index-url", (tmp_path / "idx" / index).as_uri() + "/"] + pins, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
     env["PYTHONPATH"] = str(target)
     probe = run([sys.executable, "-c", "import torch, sglang; print(torch.__version__, torch.version.cuda, "
                  "sglang.__version__, torch.cuda.is_available())"], env=env)
-    assert probe.stdout.split() == ["2.9.1+cu130", "13.0", "0.5.10", "False"], probe.stderr
+    assert probe.stdout.split() == ["%s+cu130" % versions.torch, "13.0", versions.sglang, "False"], probe.stderr
     show = run([sys.executable, "-m", "flashinfer", "show-config"], env=env)
     assert show.returncode == 0, show.stderr
-    assert "flashinfer-jit-cache version: 0.6.7.post2+cu130" in show.stdout and "Torch CUDA version: 13.0" in show.stdout
+    assert "flashinfer-jit-cache version: %s+cu130" % fi in show.stdout and "Torch CUDA version: 13.0" in show.stdout
     # Without torch, show-config fails like the real one.
     (target / "torch").rename(tmp_path / "torch-away")
     assert run([sys.executable, "-m", "flashinfer", "show-config"], env=env).returncode != 0

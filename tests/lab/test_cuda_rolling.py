@@ -141,3 +141,17 @@ def test_two_at_a_time_the_broken_host_does_not_cut_its_batch_mate_off(lab, flee
     assert first_tasks[-1] == ROLLOUT_STOP and "servelab: CUDA stack before -> after" in first_tasks, first_tasks
     assert (SECOND_HOST, ROLLOUT_STOP) in events
     assert AFTER_HOST not in {host for host, _task in events}
+
+
+def test_100_percent_at_one_host_at_a_time_still_stops_at_the_broken_host(lab, fleet, rollout):
+    """gpu_stack_max_fail_percentage 100 with the default serial 1: 130 (broken) is a whole failed batch,
+    and Ansible ends the play after a batch in which every host failed, whatever max_fail_percentage says
+    (ansible-core playbook_executor.py), so the third host is never contacted. The check play says so."""
+    assert rollout.failed(FIRST_HOST) == 0, "the rollout itself failed on the first host"
+    run = lab.run_playbook(UPGRADE, inventory=fleet.inventory, extravars={"gpu_stack_max_fail_percentage": 100})
+    assert run.rc != 0
+    assert "always when every host of a batch failed" in run.stdout and "at 1 host at a time" in run.stdout
+    assert "CUDA 13.0.1 on %s failed, so the previous toolkit was put back" % SECOND_HOST in failure_messages(run)
+    events = [(host, task) for host, task, play, _event in task_events(run) if play == STACK_PLAY]
+    assert (SECOND_HOST, ROLLOUT_STOP) in events
+    assert AFTER_HOST not in {host for host, _task in events}, "100% at serial 1 does not go on past a failed batch"

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from cudastack import (CT, OLD_FLASHINFER, ROLLOUT_STOP, STACK, SYSTEMD_ENV, UPGRADE, VENV, VERSIONS, Repos, build_repos, ct,
+from cudastack import (CT, OLD_FLASHINFER, OLD_KERNEL, ROLLOUT_STOP, STACK, SYSTEMD_ENV, UPGRADE, VENV, VERSIONS, Repos, build_repos, ct,
                        failure_messages, field_state, installed, job_alive, reset_container, selected, snapshot,
                        start_gpu_job)
 
@@ -100,13 +100,17 @@ def test_upgrade_installs_13_0_1_beside_12_8_and_selects_it(lab, repos, upgraded
         {"sglang": VERSIONS.sglang, "sgl_kernel": VERSIONS.kernel, "flashinfer": fi}
     assert check_env["topology"].splitlines()[0].split() == ["GPU%d" % i for i in range(8)] + \
         ["CPU", "Affinity", "NUMA", "Affinity", "GPU", "NUMA", "ID"], check_env["topology"]
-    # The rules: the lab's SM120 GPUs can run allreduce fusion with this FlashInfer, and the venv has it.
+    # The rules: FlashInfer 0.7.2 builds the fusion for SM 12 (the venv has it), SGLang 0.5.23 refuses it
+    # there, so with sglang_require_allreduce_fusion: false the GPUs are recorded as running without it.
     assert sglang_fact["compat"]["gpus"] == [{"gpus": "0,1,2,3,4,5,6,7", "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                                              "arch": "12.0", "rule": "12.0", "fusion": True, "flashinfer_min": "0.6.16",
-                                              "cuda_min": "12.8"}]
+                                              "arch": "12.0", "rule": "12.0", "fusion": False, "flashinfer_min": "0.6.17",
+                                              "cuda_min": "12.8", "sglang_allows": False}]
+    assert sglang_fact["compat"]["require_fusion"] is False
     fusion = sglang_fact["allreduce_fusion"]
     assert fusion["available"] is True and fusion["archs"] == {"12.0": True}, fusion
     assert fusion["supported_majors"] == [9, 10, 12]
+    # The hypervisor line SGLang prints with two colons is read as such, not as topology.
+    assert "Hypervisor" not in check_env["topology"]
     # The smoke test ran and says there is no GPU to compute on (the lab has none).
     smoke = sglang_fact["smoke"]
     assert smoke["gpu"] is False and smoke["reason"].startswith("no GPU") and smoke["devices"] == [], smoke
@@ -266,24 +270,49 @@ def test_broken_update_of_13_0_puts_13_0_0_back(lab, repos):
     assert "release 13.0, V13.0.48" in ct(lab, "/usr/local/cuda/bin/nvcc --version").stdout
 
 
-def test_sm120_with_a_flashinfer_below_the_fusion_minimum_stops_in_preflight(lab, repos):
-    """The lab's GPUs report SM 12.0 (RTX PRO 6000 Blackwell); FlashInfer 0.6.7.post2 predates SM12x
-    allreduce fusion: the container play stops before role cuda_toolkit installs anything."""
+def _refused_in_preflight(lab, repos, **extra):
+    """upgrade-cuda.yml with `extra` on the field's 12.8 host: it must stop in the container's preflight,
+    before role cuda_toolkit installs anything; the container is left as it was. Returns the message."""
     field_state(lab, repos.cuda, venv_cuda=None)
     lab.set_fake_driver(lab.config.driver_version, gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
                         compute_cap="12.0")
     before = snapshot(lab)
-    run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab, sglang_flashinfer_version=OLD_FLASHINFER))
+    run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab, **extra))
     assert run.rc != 0
     assert [(f.host, f.task) for f in run.failures][1:] == [(CT, ROLLOUT_STOP)], run.failure_text()
     assert run.failures[0].host == CT
-    message = run.failures[0].msg
-    assert ("GPU 0,1,2,3,4,5,6,7 NVIDIA RTX PRO 6000 Blackwell Server Edition (SM 12.0) on %s cannot run FlashInfer's "
-            "allreduce fusion with FlashInfer %s: SM 12.0 needs FlashInfer >= 0.6.16" % (CT, OLD_FLASHINFER)) in message, message
-    assert "Fix: set sglang_flashinfer_version to 0.6.16 or newer" in message and "Nothing was installed." in message
     assert "Install the toolkit package" not in run.stdout, "role cuda_toolkit must not have started installing"
     assert snapshot(lab) == before, "a failed preflight must not touch the container"
     assert selected(lab) == "/usr/local/cuda-12.8"
+    message = run.failures[0].msg
+    assert "Nothing was installed." in message, message
+    return message
+
+
+def test_sm120_with_the_default_sglang_and_fusion_required_stops_in_preflight(lab, repos):
+    """Issue 24, defect 1: SGLang 0.5.23 raises at start for allreduce fusion on SM 12.0, whatever
+    FlashInfer builds. The role's default (fusion required) stops before anything is installed."""
+    message = _refused_in_preflight(lab, repos, sglang_require_allreduce_fusion=True)
+    assert ("GPU 0,1,2,3,4,5,6,7 NVIDIA RTX PRO 6000 Blackwell Server Edition (SM 12.0) on %s: SGLang %s refuses "
+            "FlashInfer's allreduce fusion there (the server fails at start)" % (CT, VERSIONS.sglang)) in message, message
+    assert "sglang/srt/layers/flashinfer_comm_fusion.py:48" in message
+    assert "Fix: set sglang_require_allreduce_fusion: false" in message and "no recorded SGLang release" in message
+
+
+def test_the_old_kernel_default_stops_in_preflight(lab, repos):
+    """Issue 24, defect 3: sglang-kernel 0.4.7 put back. SGLang 0.5.23 pins 0.4.10, and 0.4.7 pins torch 2.13.0."""
+    message = _refused_in_preflight(lab, repos, sglang_kernel_version=OLD_KERNEL)
+    assert 'sglang_kernel_version is 0.4.7, but SGLang %s requires sglang-kernel==0.4.10' % VERSIONS.sglang in message
+    assert 'Fix: set sglang_kernel_version: "0.4.10"' in message
+    assert "sglang_kernel_version 0.4.7 requires torch==2.13.0" in message
+
+
+def test_a_flashinfer_off_sglangs_own_pin_stops_in_preflight(lab, repos):
+    """FlashInfer 0.6.16 (the old SM12x minimum): SGLang 0.5.23 pins flashinfer-python 0.7.2, so the pins
+    check refuses it before the GPU rules (whose SM12x minimum is now 0.6.17) are reached."""
+    message = _refused_in_preflight(lab, repos, sglang_flashinfer_version=OLD_FLASHINFER)
+    assert ("sglang_flashinfer_version is %s, but SGLang %s requires flashinfer-python==0.7.2"
+            % (OLD_FLASHINFER, VERSIONS.sglang)) in message, message
 
 
 def test_kernel_wheel_of_the_wrong_cuda_build_stops_verify(lab, repos):

@@ -251,6 +251,8 @@ def test_a_vllm_speculative_profile_gets_the_exact_schedule_for_its_crossover(tm
     keep = schedule[0][1]
     assert cross["bracket"][0] <= keep < cross["concurrency"]   # on up to the crossover
     assert schedule == [[1, keep, 3], [keep + 1, 128, 0]]       # off above it, to max-num-seqs
+    # Next to it, what the measured profile did not show: vllm#49548 and vLLM 0.33.0's PIECEWISE override.
+    assert "vllm-project/vllm#49548" in text and "PIECEWISE" in text and "vllm/config/vllm.py:1069-1086" in text
 
 
 def test_a_sglang_speculative_profile_is_told_there_is_no_switch(tmp_path):
@@ -259,3 +261,16 @@ def test_a_sglang_speculative_profile_is_told_there_is_no_switch(tmp_path):
         "cmdline": "python -m sglang.launch_server --speculative-algorithm EAGLE3"}}}}
     text = report_of(tmp_path, sweep(), manifest).recommendation
     assert SPECULATION_SENTENCE.strip() in text and "num_speculative_tokens_per_batch_size" not in text
+
+
+def test_a_fusion_flag_left_out_of_the_command_is_listed_with_the_skipped_features(tmp_path):
+    """llm_server's features_skipped also carries '<feature>: not rendered: <why>' (SGLang's fusion
+    gate, module_utils/server/fusion_gate.py): the report must not call that a log line."""
+    note = ("flashinfer_allreduce_fusion: not rendered: SGLang 0.5.23 refuses it (the server would fail at "
+            "start) on SM 12.0")
+    manifest = {"profiles": {"eagle3": {"h1": {"status": "finished", "engine": "sglang",
+                                               "features_skipped": [note]}}}}
+    write_report(report_of(tmp_path, sweep(), manifest))
+    summary = (tmp_path / SUMMARY).read_text()
+    assert "eagle3 on h1: a requested feature did not run (server log, or not rendered): " + note in summary
+    assert "the server log says" not in summary

@@ -32,6 +32,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.server import lau
 from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports
 from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file as server_simulator
 from ansible_collections.servelab.serving.plugins.module_utils.server import state as server_state
+from ansible_collections.servelab.serving.plugins.module_utils.server.fusion_gate import NOT_RENDERED
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import ProfileError, resolve_profile
 from ansible_collections.servelab.serving.plugins.module_utils.server.logscan import scan_log
 from ansible_collections.servelab.serving.plugins.module_utils.server.ready import NotReady, wait_ready
@@ -70,6 +71,7 @@ class ServerRequest:
     python: Optional[str] = None
     env: Mapping[str, str] = field(default_factory=dict)
     engine_version: Optional[str] = None
+    gpu_compute_capabilities: Optional[List[str]] = None   # the server's GPUs (SGLang's fusion gate)
     ready_timeout: float = 900.0
     probe_timeout: float = 60.0
     stop_grace: float = 15.0
@@ -169,7 +171,7 @@ def build_spec(req: ServerRequest) -> tuple:
         spec = render_server(profile, req.engine, req.host, req.port, python,
                              engine_version=version, module_env=req.env,
                              simulator_script=script, advertise_host=req.advertise_host,
-                             identity_extra=extra)
+                             identity_extra=extra, gpu_archs=req.gpu_compute_capabilities)
     except (ProfileError, VersionError, server_simulator.SimulatorUnavailable) as exc:
         raise ServerError(str(exc)) from None
     if warnings:
@@ -392,7 +394,9 @@ def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
 
 def _scan(result: ServerResult, engine: str) -> None:
     findings = scan_log(result.log_path, engine)
-    result.features_skipped = findings.features_skipped
+    # A feature servelab left out of the command (SGLang's fusion gate) is skipped as surely as
+    # one the log reports: the report lists both.
+    result.features_skipped = [n for n in result.notes if NOT_RENDERED in n] + findings.features_skipped
     result.engine_adjustments = findings.engine_adjustments
 
 

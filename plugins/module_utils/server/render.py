@@ -11,7 +11,7 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import Profile, ProfileError, ReadyCheck
 from ansible_collections.servelab.serving.plugins.module_utils.server.render_sglang import (
@@ -211,8 +211,10 @@ def _check_extra_args(cmd: List[str], profile: Profile) -> None:
 def render_server(profile: Profile, engine: str, host: str, port: Optional[int], python: str,
                   engine_version: Optional[str] = None, module_env: Optional[Mapping] = None,
                   simulator_script: Optional[str] = None, advertise_host: Optional[str] = None,
-                  identity_extra: Optional[Mapping[str, str]] = None) -> ServerSpec:
-    """Validate and render; raises ProfileError naming the key and the fix."""
+                  identity_extra: Optional[Mapping[str, str]] = None,
+                  gpu_archs: Optional[Sequence[str]] = None) -> ServerSpec:
+    """Validate and render; raises ProfileError naming the key and the fix. gpu_archs: the compute
+    capabilities of the server's GPUs, when known (SGLang's own fusion gate: server/fusion_gate.py)."""
     if engine not in ENGINES:
         raise ProfileError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if port is None:
@@ -232,7 +234,7 @@ def render_server(profile: Profile, engine: str, host: str, port: Optional[int],
     if engine == "sglang":
         version = parse_version(engine_version)
         warnings += version_warnings(version)
-        cmd, env, notes = render_sglang(profile, version, python, host, port)
+        cmd, env, notes = render_sglang(profile, version, python, host, port, gpu_archs)
     elif engine == "vllm":
         if profile.nodes is not None:
             raise ProfileError(f"profile {profile.name!r}: nodes (one model over several hosts) is rendered "

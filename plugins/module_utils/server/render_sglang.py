@@ -14,8 +14,9 @@ checks every rendered flag and environment variable against the wheels of the pi
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+from ansible_collections.servelab.serving.plugins.module_utils.server import fusion_gate
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import Profile, ProfileError
 from ansible_collections.servelab.serving.plugins.module_utils.server.versions import EngineVersion
 
@@ -91,8 +92,12 @@ def _multinode_flags(profile: Profile, where: str) -> List[str]:
 
 
 def render_sglang(profile: Profile, version: EngineVersion, python: str, host: str,
-                  port: int) -> Tuple[List[str], dict, List[str]]:
-    """Return (argv, env servelab sets, notes). Raises ProfileError for what SGLang cannot do."""
+                  port: int, gpu_archs: Optional[Sequence[str]] = None) -> Tuple[List[str], dict, List[str]]:
+    """Return (argv, env servelab sets, notes). Raises ProfileError for what SGLang cannot do.
+
+    gpu_archs: the compute capabilities of the GPUs the server runs on (None: not known). A fusion
+    flag that this SGLang refuses (or ignores) on one of them is left out, with a note saying so
+    (server/fusion_gate.py)."""
     where = f"profile {profile.name!r}"
     if not profile.model:
         raise ProfileError(f"{where}: model is required for engine sglang "
@@ -119,7 +124,10 @@ def render_sglang(profile: Profile, version: EngineVersion, python: str, host: s
                     "--speculative-eagle-topk", str(spec.eagle_topk),
                     "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
     fusion = profile.flashinfer_allreduce_fusion
-    if fusion:
+    refused = fusion_gate.not_allowed(version, gpu_archs) if fusion else []
+    if refused:
+        notes.append(fusion_gate.not_rendered_note(version, refused))
+    elif fusion:
         flag = _spelling("flashinfer_allreduce_fusion", version)
         if flag == "--enable-flashinfer-allreduce-fusion":
             if fusion not in (True, "auto"):

@@ -52,6 +52,19 @@ SPECULATION_SENTENCE = (
 VLLM_SCHEDULE_RELEASE = "0.33.0"
 VLLM_SCHEDULE_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash")
 VLLM_DEFAULT_MAX_NUM_SEQS = 256     # vLLM's default --max-num-seqs on GPUs of this class
+# Said next to every schedule the report gives, because the measured profile ran without one:
+# - vllm-project/vllm#49548 (open) reports this schedule collapsing throughput under load (the
+#   speculation length flipping step to step; the simulator's spec_dynamic: thrash models it);
+# - vLLM 0.33.0 forces cudagraph_mode PIECEWISE on Model Runner V1 whenever the schedule is set
+#   (vllm/config/vllm.py:1069-1086, _maybe_override_dynamic_sd_cudagraph_mode), and drops the
+#   schedule with data parallelism (:1110-1127); the schedule first exists in vLLM 0.24.0
+#   (vllm/config/speculative.py:162; 0.23.0 has none). The simulator does not model the
+#   PIECEWISE cost (plugins/module_utils/simulator.py, speculation_on).
+VLLM_SCHEDULE_CAVEATS = (
+    " Measure it before serving it: the open vllm-project/vllm#49548 reports this schedule collapsing "
+    "under load, and vLLM 0.33.0 then runs CUDA graphs PIECEWISE instead of full on Model Runner V1 "
+    "(vllm/config/vllm.py:1069-1086), a cost the measured profile did not pay and the simulator does "
+    "not model.")
 
 
 @dataclass
@@ -546,7 +559,7 @@ def vllm_schedule_setting(cross, record) -> str | None:
             " (a batch-size schedule: k tokens up to batch size "
             f"{keep}, none above; the running batch is about C in a closed loop"
             + ("" if max_seqs else f"; {top} stands for --max-num-seqs, vLLM's default here")
-            + ").")
+            + ")." + VLLM_SCHEDULE_CAVEATS)
     if str(config.get("method", "")).lower() not in VLLM_SCHEDULE_METHODS:
         text += (f" Its method {config.get('method')!r} honours the schedule only on Model "
                  "Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1).")

@@ -355,7 +355,9 @@ def _skipped_lines(content: ReportContent) -> list:
     return [
         f"{r.profile}"
         + ("" if r.host == "*" else f" on {r.host}")
-        + f": the server log says a requested feature was skipped: {', '.join(r.features_skipped)}"
+        # Both kinds: what the server log says it skipped, and what servelab left out of the
+        # command because the engine refuses it on these GPUs ("<feature>: not rendered: <why>").
+        + f": a requested feature did not run (server log, or not rendered): {', '.join(r.features_skipped)}"
         for r in content.context.records
         if r.features_skipped
     ]

@@ -1,28 +1,58 @@
 """Stand-in wheels of the SGLang serving stack, laid out like the real package indexes.
 
+Generated from what the released wheels say (roles/sglang/vars/releases.yml, written by
+tools/sglang_release_facts.py from PyPI's wheels), not by hand: each stand-in carries its release's
+real exact pins, FlashInfer's stand-in `jit/comm.py` the majors the real one builds its allreduce
+fusion for, and each package sits on the index that really serves it. A version the file does not
+record cannot be built (ReleaseNotRecorded): a stand-in may not invent metadata.
+
 - `torch/<cuXY>/`: torch `<version>+cuXY` whose `torch.version.cuda` is `X.Y` (PyTorch's index,
   https://download.pytorch.org/whl/cuXY).
-- `pypi/`: sglang (pinning torch, the kernel and flashinfer like the real release, with
-  `python -m sglang.check_env` printing SGLang's format), flashinfer-python (with the `flashinfer`
-  command and `python -m flashinfer`, `show-config` included, and the allreduce fusion entry points
-  `flashinfer.comm.trtllm_allreduce_fusion` with `flashinfer/jit/comm.py` naming the CUDA majors it
-  builds for: [9, 10], and 12 from FlashInfer 0.6.16), flashinfer-cubin.
+- `pypi/`: sglang (its real pins: torch, the kernel, flashinfer-python, flashinfer-cubin where it
+  has one; `python -m sglang.check_env` printing SGLang's format), flashinfer-python (the
+  `flashinfer` command and `python -m flashinfer`, `show-config` included, the allreduce fusion entry
+  points `flashinfer.comm.trtllm_allreduce_fusion`, `flashinfer/jit/comm.py` naming the real majors),
+  and flashinfer-cubin only where PyPI really has that version (it stops at 0.6.13).
 - `kernel/<cuXY>/`: the SGLang kernel `<version>+cuXY` (sglang-kernel from 0.4.0, sgl-kernel
-  before; import sgl_kernel) whose stand-in library names libcudart.so.<X> (SGLang's wheel index,
-  https://docs.sglang.ai/whl/cuXY); `kernel-wrong/<cuXY>/`: the same version and label, built
-  against the other CUDA (its library names libcudart.so.12 for cu130): a wheel of the wrong build.
-- `flashinfer/<cuXY>/`: flashinfer-jit-cache `<version>+cuXY` (FlashInfer's index,
-  https://flashinfer.ai/whl/cuXY).
+  before; import sgl_kernel; its real torch pin) whose stand-in library names libcudart.so.<X>
+  (SGLang's wheel index, https://docs.sglang.ai/whl/cuXY); `kernel-wrong/<cuXY>/`: the same version
+  and label, built against the other CUDA (its library names libcudart.so.12 for cu130).
+- `flashinfer/<cuXY>/`: flashinfer-cubin `<version>` and flashinfer-jit-cache `<version>+cuXY`
+  (FlashInfer's index, https://flashinfer.ai/whl/cuXY; PyPI has no jit-cache).
 
 Pure Python, no tensors: enough for pip to resolve and install and for the roles to verify.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
+
+import yaml
 
 from .index import write_simple_index
 from .wheel import build_wheel
+
+RELEASES_FILE = Path(__file__).resolve().parents[3] / "roles" / "sglang" / "vars" / "releases.yml"
+
+
+class ReleaseNotRecorded(KeyError):
+    """A stand-in was asked for a release whose real metadata releases.yml does not hold."""
+
+
+@functools.lru_cache(maxsize=1)
+def releases() -> dict:
+    return yaml.safe_load(RELEASES_FILE.read_text())["_sglang_releases"]
+
+
+def recorded(kind: str, version: str) -> dict:
+    try:
+        return releases()[kind][version]
+    except KeyError:
+        raise ReleaseNotRecorded(
+            "%s %s is not recorded in %s: add it to tools/sglang_release_facts.py and rerun the tool, so that its "
+            "stand-in carries the real metadata" % (kind, version, RELEASES_FILE)) from None
+
 
 TORCH_VERSION_PY = '''"""servelab lab stand-in for torch/version.py (same fields as PyTorch's)."""
 from typing import Optional
@@ -167,6 +197,18 @@ def get_gpu_topology():
         return None
 
 
+def get_hypervisor_vendor():
+    # SGLang's key carries its own colon: it prints "Hypervisor vendor:: KVM" (check_env.py:118).
+    try:
+        out = subprocess.check_output(["lscpu"], text=True)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    for line in out.splitlines():
+        if "Hypervisor vendor:" in line:
+            return {"Hypervisor vendor:": line.split(":")[1].strip()}
+    return {}
+
+
 def check_env():
     env_info = OrderedDict()
     env_info["Python"] = sys.version.replace("\\n", "")
@@ -179,6 +221,7 @@ def check_env():
     topo = get_gpu_topology()
     if topo:
         env_info["NVIDIA Topology"] = topo
+    env_info.update(get_hypervisor_vendor())
     env_info["ulimit soft"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     for k, v in env_info.items():
         print("%s: %s" % (k, v))
@@ -210,12 +253,19 @@ def gen_trtllm_comm_module():
 
 @dataclasses.dataclass(frozen=True)
 class StackVersions:
-    """One coherent stack (these are the pins of SGLang 0.5.10's own wheel; its kernel: 0.4.7)."""
+    """One stack; the default is role sglang's (SGLang 0.5.23 and its own pins). of_sglang() gives
+    any recorded SGLang release with its real pins."""
 
-    torch: str = "2.9.1"
-    sglang: str = "0.5.10"
-    flashinfer: str = "0.6.7.post2"
-    kernel: str = "0.4.7"
+    torch: str = "2.14.1"
+    sglang: str = "0.5.23"
+    flashinfer: str = "0.7.2"
+    kernel: str = "0.4.10"
+
+    @classmethod
+    def of_sglang(cls, version: str) -> StackVersions:
+        requires = recorded("sglang", version)["requires"]
+        return cls(torch=requires["torch"], sglang=version, flashinfer=requires["flashinfer-python"],
+                   kernel=requires.get("sglang-kernel") or requires["sgl-kernel"])
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -229,8 +279,13 @@ def kernel_package(version: str) -> str:
 
 
 def fusion_majors(flashinfer_version: str) -> str:
-    """The CUDA majors the stand-in's allreduce fusion builds for (12 from 0.6.16, as the role's rules say)."""
-    return "9, 10, 12" if _release(flashinfer_version) >= (0, 6, 16) else "9, 10"
+    """The CUDA majors the real FlashInfer's allreduce fusion builds for (its jit/comm.py)."""
+    return ", ".join(str(m) for m in recorded("flashinfer", flashinfer_version)["fusion_majors"])
+
+
+def on_pypi(name: str, version: str) -> bool:
+    """Whether PyPI really serves name==version (releases.yml on_pypi; a version not listed: no)."""
+    return bool(releases()["on_pypi"].get(name, {}).get(version, False))
 
 
 def cuda_tag(cuda_release: str) -> str:
@@ -247,12 +302,13 @@ def torch_wheel(version: str, cuda_release: str, outdir: Path) -> Path:
 
 
 def sglang_wheel(versions: StackVersions, outdir: Path) -> Path:
+    """SGLang with its release's real exact pins (whatever `versions` asks for the other packages)."""
+    requires = recorded("sglang", versions.sglang)["requires"]
     return build_wheel("sglang", versions.sglang, {
         "sglang/__init__.py": '"""servelab lab stand-in for SGLang."""\nfrom sglang.version import __version__\n',
         "sglang/version.py": '__version__ = "%s"\n' % versions.sglang,
         "sglang/check_env.py": SGLANG_CHECK_ENV,
-    }, outdir, requires=["torch==%s" % versions.torch, "%s==%s" % (kernel_package(versions.kernel), versions.kernel),
-                         "flashinfer-python==%s" % versions.flashinfer, "flashinfer-cubin==%s" % versions.flashinfer],
+    }, outdir, requires=["%s==%s" % item for item in sorted(requires.items())],
         summary="servelab lab stand-in for SGLang")
 
 
@@ -264,11 +320,15 @@ def kernel_wheel(version: str, cuda_release: str, outdir: Path, *, linked_cuda: 
         "sgl_kernel/__init__.py": '"""servelab lab stand-in for sgl_kernel."""\n__version__ = "%s"\n' % version,
         # Not a real ELF: the bytes verify looks for (the NEEDED entry of the CUDA runtime).
         "sgl_kernel/common_ops.abi3.so": "\x7fELF servelab stand-in\x00libcudart.so.%s\x00libtorch.so\x00" % cudart,
-    }, outdir, requires=["torch"], summary="servelab lab stand-in for the SGLang kernel (CUDA %s build)" % cudart)
+    }, outdir, requires=["%s==%s" % item for item in sorted(recorded("sglang_kernel", version)["requires"].items())],
+        summary="servelab lab stand-in for the SGLang kernel (CUDA %s build)" % cudart)
 
 
 def flashinfer_wheels(version: str, cuda_releases: tuple[str, ...], outdir: Path) -> dict[str, list[Path]]:
-    """{"pypi": [flashinfer-python, flashinfer-cubin], "cuXY": [flashinfer-jit-cache +cuXY], ...}."""
+    """{"pypi": [flashinfer-python (+ flashinfer-cubin where PyPI has it)], "cuXY": [flashinfer-cubin,
+    flashinfer-jit-cache +cuXY], ...}: each on the index that really serves it."""
+    cubin = build_wheel("flashinfer-cubin", version, {"flashinfer_cubin/__init__.py": '__version__ = "%s"\n' % version},
+                        outdir)
     wheels = {"pypi": [
         build_wheel("flashinfer-python", version, {
             "flashinfer/__init__.py": '"""servelab lab stand-in for FlashInfer."""\n__version__ = "%s"\n' % version,
@@ -277,12 +337,10 @@ def flashinfer_wheels(version: str, cuda_releases: tuple[str, ...], outdir: Path
             "flashinfer/jit/__init__.py": '"""servelab lab stand-in: no JIT (no GPU, no nvcc)."""\n',
             "flashinfer/jit/comm.py": FLASHINFER_JIT_COMM.format(majors=fusion_majors(version)),
         }, outdir, requires=["torch"], console_scripts={"flashinfer": "flashinfer.__main__:main"}),
-        build_wheel("flashinfer-cubin", version, {
-            "flashinfer_cubin/__init__.py": '__version__ = "%s"\n' % version}, outdir),
-    ]}
+    ] + ([cubin] if on_pypi("flashinfer-cubin", version) else [])}
     for release in cuda_releases:
         full = "%s+%s" % (version, cuda_tag(release))
-        wheels[cuda_tag(release)] = [build_wheel("flashinfer-jit-cache", full, {
+        wheels[cuda_tag(release)] = [cubin, build_wheel("flashinfer-jit-cache", full, {
             "flashinfer_jit_cache/__init__.py": '__version__ = "%s"\n' % full}, outdir / cuda_tag(release))]
     return wheels
 
