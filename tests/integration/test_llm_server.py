@@ -156,6 +156,23 @@ def test_a_server_that_dies_fails_fast_with_its_log_tail(lab):
     assert server_state.load(lab.state_dir, name).status == "stopped"
 
 
+def test_a_stop_that_fails_after_a_failed_start_keeps_the_log_tail(lab, monkeypatch):
+    # CI saw a failed start whose stop failed too (its port seen held): the stop's error replaced
+    # the start's, and the log saying why the server died was lost. Injected here: the port check
+    # after the stop says the port is still held.
+    from ansible_collections.servelab.serving.plugins.module_utils.server import manager
+    monkeypatch.setattr(manager, "_wait_port_free", lambda port, timeout: False)
+    name, port = unique("dies"), free_port()
+    profile = fake_profile("dies", "--exit-after", "0.3", "--exit-code", "3")
+    with pytest.raises(ServerError) as err:
+        lab.run(name, engine="command", port=port, profile=profile)
+    assert "exited with status 3" in err.value.msg
+    assert "stopping it failed too" in err.value.msg and "still in use" in err.value.msg
+    assert "FATAL: CUDA out of memory (fake)" in err.value.details["log_tail"]
+    assert err.value.details["exit_code"] == 3
+    assert "still in use" in err.value.details["stopped"]["error"]
+
+
 def test_a_server_not_ready_in_time_is_stopped_and_the_port_freed(lab):
     name, port = unique("slow"), free_port()
     with pytest.raises(ServerError) as err:

@@ -144,6 +144,7 @@ def test_a_server_that_fails_shows_its_log_without_the_secrets(servers):
         run(request("dies", port=free_port(), profile=dies))
     shown = err.value.msg + json.dumps(err.value.details, default=str)
     assert TAG not in shown
+    assert "log_tail" in err.value.details, err.value.msg   # which failure it was, if not this
     assert "fatal: refused --api-key <redacted>" in err.value.details["log_tail"]
     assert "--api-key '<redacted>'" in err.value.details["cmdline"]
     assert TAG not in open(os.path.join(state_dir, "dies", server_state.STATE_FILE)).read()

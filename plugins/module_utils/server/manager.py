@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils import redact
 from ansible_collections.servelab.serving.plugins.module_utils.proc import cgroup as proc_cgroup
@@ -282,6 +282,18 @@ def _stop(req: ServerRequest, state: ServerState) -> dict:
     return outcome
 
 
+def _stop_after_failure(req: ServerRequest, state: ServerState) -> Tuple[dict, str]:
+    """Stop a server that failed to start; (the stop's outcome, the words for the message).
+    A stop that fails too (a survivor, the port held by another process) is said beside the
+    start's failure: it must not replace it, or the log that says why the server died is lost."""
+    try:
+        return _stop(req, state), "; it was stopped"
+    except ServerError as stop_failed:
+        outcome = dict(stop_failed.details.get("stopped") or {})
+        outcome["error"] = stop_failed.msg
+        return outcome, f"; stopping it failed too: {stop_failed.msg}"
+
+
 def _wait_port_free(port: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while server_ports.is_listening(port):
@@ -378,11 +390,12 @@ def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
                              launched.log_path, launched.process.poll,
                              probe_timeout=req.probe_timeout)
     except NotReady as exc:
-        stopped = _stop(req, state) if req.stop_on_failure else None
+        stopped, outcome = _stop_after_failure(req, state) if req.stop_on_failure \
+            else (None, "; it was left running")
         findings = scan_log(launched.log_path, spec.engine)
         raise ServerError(
             f"server {req.name} ({spec.engine}) failed to become ready: {exc.reason}"
-            + ("; it was stopped" if stopped else "; it was left running")
+            + outcome
             + f"\n--- last lines of {launched.log_path} ---\n{exc.log_tail}",
             log_tail=exc.log_tail, exit_code=exc.exit_code, cmd=list(spec.cmd),
             cmdline=spec.cmdline, log_path=launched.log_path, stopped=stopped,
