@@ -26,3 +26,14 @@ def test_markdown_is_the_reports_and_escapes_pipes():
     assert render.to_markdown(table) == table.to_markdown()
     assert render.Table is Table
     assert "<td>x|y</td>" in render.to_html(table)
+
+
+def test_padded_markdown_is_the_same_table_aligned_as_reap_bench_prints_it():
+    table = Table(["method", "trials", "median s"], [["servelab", "5", "0.123"],
+                                                     ["field", "12", "1.500"]])
+    assert table.to_markdown(right=[False, True, True]).split("\n") == [
+        "| method   | trials | median s |",
+        "|----------|--------|----------|",
+        "| servelab |      5 |    0.123 |",
+        "| field    |     12 |    1.500 |",
+    ]

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 def _md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _widths(cells: Sequence[Sequence[str]], count: int) -> list:
+    return [max(len(r[i]) for r in cells if i < len(r)) for i in range(count)]
+
+
+def _aligned(values: Sequence[str], widths: Sequence[int], right: Sequence[bool], start: str,
+             sep: str, end: str) -> str:
+    flags = list(right) + [False] * (len(widths) - len(right))
+    return start + sep.join(v.rjust(w) if r else v.ljust(w)
+                            for v, w, r in zip(values, widths, flags)) + end
 
 
 @dataclass
@@ -21,13 +32,20 @@ class Table:
     rows: list  # lists of str, one per header
     footnotes: list = field(default_factory=list)
 
-    def to_markdown(self) -> str:
-        """A GitHub Markdown table, `|` in a cell escaped, then the footnotes after a blank line."""
-        lines = [
-            "| " + " | ".join(_md_cell(h) for h in self.headers) + " |",
-            "|" + "|".join("---" for _item in self.headers) + "|",
-        ]
-        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in self.rows]
+    def to_markdown(self, right: Optional[Sequence[bool]] = None) -> str:
+        """A GitHub Markdown table, `|` in a cell escaped, then the footnotes after a blank line.
+        With `right` the columns are padded to one width, as to_text() aligns them (`right[i]`
+        right-aligns column i): the same table, easier to read where it is printed as text."""
+        head = [_md_cell(h) for h in self.headers]
+        body = [[_md_cell(c) for c in row] for row in self.rows]
+        if right is None:
+            lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _h in head) + "|"]
+            lines += ["| " + " | ".join(row) + " |" for row in body]
+        else:
+            widths = _widths([head] + body, len(head))
+            lines = [_aligned(head, widths, right, "| ", " | ", " |"),
+                     "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+            lines += [_aligned(row, widths, right, "| ", " | ", " |") for row in body]
         if self.footnotes:
             lines += [""] + list(self.footnotes)
         return "\n".join(lines)
@@ -46,15 +64,9 @@ class Table:
         widest cell, a rule of dashes under the header; `right[i]` right-aligns column i
         (numbers), the others are left-aligned. Trailing spaces are dropped."""
         cells = [[str(c) for c in self.headers]] + [[str(c) for c in row] for row in self.rows]
-        widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(len(self.headers))]
-        flags = list(right) + [False] * (len(widths) - len(right))
-
-        def render(values):
-            out = [v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, flags)]
-            return "  ".join(out).rstrip()
-
-        lines = [render(cells[0]), "  ".join("-" * w for w in widths)]
-        lines += [render(row) for row in cells[1:]]
+        widths = _widths(cells, len(self.headers))
+        lines = [_aligned(row, widths, right, "", "  ", "").rstrip() for row in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
         if self.footnotes:
             lines += [""] + list(self.footnotes)
         return "\n".join(lines)
