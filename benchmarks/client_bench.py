@@ -41,6 +41,7 @@ collection_link.importable()
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import percentile  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import synthetic  # noqa: E402
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: E402
 
 import client_baselines  # noqa: E402
 # The simulator as a child process, ended by PID; it inherits this process's CPU affinity (--cpus).
@@ -166,31 +167,34 @@ def bench_fixed(args, out: List[str]) -> List[Row]:
                         row.window_s, row.requests))
     out.append("### 1-2. Accuracy and cost, `fixed` setting (50 ms TTFT, 12 ms per chunk, "
                "%d tokens per request, window %.0f s)\n" % (args.max_tokens, args.seconds))
-    out.append("| client | C | tok/s | truth | err % | TPOT p50 ms | truth | err % | TTFT p50 ms "
-               "| truth | err % | server read delay p50 ms | client CPU us/token | CPU util "
-               "| loop lag p99 ms | verdict |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    table = Table([
+        "client", "C", "tok/s", "truth", "err %", "TPOT p50 ms", "truth", "err %", "TTFT p50 ms",
+        "truth", "err %", "server read delay p50 ms", "client CPU us/token", "CPU util",
+        "loop lag p99 ms", "verdict",
+    ], [])
     for r in rows:
-        out.append("| servelab | %d | %.1f | %.1f | %s | %.3f | %.3f | %s | %.2f | %.2f | %s "
-                   "| %.2f | %s | %s | %s | %s |" % (
-                       r.c, r.tok, r.tok_truth, fmt(err(r.tok, r.tok_truth), "%+.3f"), r.tpot,
-                       r.tpot_truth, fmt(err(r.tpot, r.tpot_truth), "%+.3f"), r.ttft,
-                       r.ttft_truth, fmt(err(r.ttft, r.ttft_truth), "%+.1f"), read_delay[r.c],
-                       fmt(r.cpu_us, "%.1f"),
-                       fmt(r.cpu_util, "%.2f"), fmt(r.lag_p99, "%.2f"), r.verdict()))
+        table.rows.append([
+            "servelab", "%d" % r.c, "%.1f" % r.tok, "%.1f" % r.tok_truth,
+            fmt(err(r.tok, r.tok_truth), "%+.3f"), "%.3f" % r.tpot, "%.3f" % r.tpot_truth,
+            fmt(err(r.tpot, r.tpot_truth), "%+.3f"), "%.2f" % r.ttft, "%.2f" % r.ttft_truth,
+            fmt(err(r.ttft, r.ttft_truth), "%+.1f"), "%.2f" % read_delay[r.c],
+            fmt(r.cpu_us, "%.1f"), fmt(r.cpu_util, "%.2f"), fmt(r.lag_p99, "%.2f"),
+            str(r.verdict()),
+        ])
     for c, t0, t1, fig in naive:
         # The naive client has no window: hold it against the truth of its whole run minus the
         # first and last second (its own figures span the run).
         t = truth_window(truth, t0 + 1_000_000_000, t1 - 1_000_000_000)
-        out.append("| naive (aiohttp, session/request, json per chunk) | %d | %.1f | %.1f | %s | "
-                   "%.3f | %.3f | %s | %.2f | %.2f | %s | %s | %.1f | %.2f | - | - |" % (
-                       c, fig["output_tok_s"], t["output_tok_s"],
-                       fmt(err(fig["output_tok_s"], t["output_tok_s"]), "%+.2f"),
-                       fig["tpot_p50_ms"], t["tpot_p50_ms"],
-                       fmt(err(fig["tpot_p50_ms"], t["tpot_p50_ms"]), "%+.2f"),
-                       fig["ttft_p50_ms"], t["ttft_p50_ms"],
-                       fmt(err(fig["ttft_p50_ms"], t["ttft_p50_ms"]), "%+.1f"), "-",
-                       fig["cpu_us_per_token"], fig["cpu_util"]))
+        table.rows.append([
+            "naive (aiohttp, session/request, json per chunk)", "%d" % c,
+            "%.1f" % fig["output_tok_s"], "%.1f" % t["output_tok_s"],
+            fmt(err(fig["output_tok_s"], t["output_tok_s"]), "%+.2f"), "%.3f" % fig["tpot_p50_ms"],
+            "%.3f" % t["tpot_p50_ms"], fmt(err(fig["tpot_p50_ms"], t["tpot_p50_ms"]), "%+.2f"),
+            "%.2f" % fig["ttft_p50_ms"], "%.2f" % t["ttft_p50_ms"],
+            fmt(err(fig["ttft_p50_ms"], t["ttft_p50_ms"]), "%+.1f"), "-",
+            "%.1f" % fig["cpu_us_per_token"], "%.2f" % fig["cpu_util"], "-", "-",
+        ])
+    out.append(table.to_markdown())
     out.append("")
     return rows
 
@@ -224,34 +228,38 @@ def bench_firehose(args, out: List[str]) -> None:
     out.append("### 3. Capacity, `firehose` setting (%d events per server write, 1 token per "
                "event, C=%d, %d tokens per request)\n"
                % (args.events_per_write, args.firehose_c, args.firehose_tokens))
-    out.append("| client | processes | events/s (window) | truth | err % | TPOT p50 us | truth "
-               "| err % | TTFT p50 ms | truth | CPU us/event | loop lag p99 ms | "
-               "client_limited |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    out.append("| raw-socket floor (counts events, no parsing) | 1 | %.0f | - | - | - | - | - | - "
-               "| - | %.2f | - | - |" % (floor["events_s"],
-                                         floor["cpu_util"] * 1e6 / max(floor["events_s"], 1)))
+    table = Table([
+        "client", "processes", "events/s (window)", "truth", "err %", "TPOT p50 us", "truth",
+        "err %", "TTFT p50 ms", "truth", "CPU us/event", "loop lag p99 ms", "client_limited",
+    ], [])
+    table.rows.append([
+        "raw-socket floor (counts events, no parsing)", "1", "%.0f" % floor["events_s"], "-", "-",
+        "-", "-", "-", "-", "-", "%.2f" % (floor["cpu_util"] * 1e6 / max(floor["events_s"], 1)),
+        "-", "-",
+    ])
     best = None
     for rcvbuf, row in results:
         t = truth_window(truth, row.window_start_ns, row.window_end_ns)
-        out.append("| servelab (rcvbuf %d KiB) | %d | %.0f | %.0f | %s | %.2f | %.2f | %s | %.2f "
-                   "| %.2f | %s | %s | %s |" % (
-                       rcvbuf // 1024, row.client_processes, row.output_tok_s, t["output_tok_s"],
-                       fmt(err(row.output_tok_s, t["output_tok_s"]), "%+.3f"),
-                       row.tpot_p50_ms * 1e3, t["tpot_p50_ms"] * 1e3,
-                       fmt(err(row.tpot_p50_ms, t["tpot_p50_ms"]), "%+.1f"), row.ttft_p50_ms,
-                       t["ttft_p50_ms"], fmt(row.client_cpu_us_per_token, "%.2f"),
-                       fmt(row.loop_lag_p99_ms, "%.1f"), row.client_limited))
+        table.rows.append([
+            "servelab (rcvbuf %d KiB)" % (rcvbuf // 1024), "%d" % row.client_processes,
+            "%.0f" % row.output_tok_s, "%.0f" % t["output_tok_s"],
+            fmt(err(row.output_tok_s, t["output_tok_s"]), "%+.3f"),
+            "%.2f" % (row.tpot_p50_ms * 1e3), "%.2f" % (t["tpot_p50_ms"] * 1e3),
+            fmt(err(row.tpot_p50_ms, t["tpot_p50_ms"]), "%+.1f"), "%.2f" % row.ttft_p50_ms,
+            "%.2f" % t["ttft_p50_ms"], fmt(row.client_cpu_us_per_token, "%.2f"),
+            fmt(row.loop_lag_p99_ms, "%.1f"), str(row.client_limited),
+        ])
         if best is None or row.output_tok_s > best.output_tok_s:
             best = row
     t = truth_window(truth, t0 + 1_000_000_000, t1 - 1_000_000_000)
-    out.append("| naive (aiohttp, session/request, json per chunk) | 1 | %.0f | %.0f | %s | %.2f "
-               "| %.2f | %s | %.2f | %.2f | %.2f | - | - |" % (
-                   naive["output_tok_s"], t["output_tok_s"],
-                   fmt(err(naive["output_tok_s"], t["output_tok_s"]), "%+.2f"),
-                   naive["tpot_p50_ms"] * 1e3, t["tpot_p50_ms"] * 1e3,
-                   fmt(err(naive["tpot_p50_ms"], t["tpot_p50_ms"]), "%+.1f"),
-                   naive["ttft_p50_ms"], t["ttft_p50_ms"], naive["cpu_us_per_token"]))
+    table.rows.append([
+        "naive (aiohttp, session/request, json per chunk)", "1", "%.0f" % naive["output_tok_s"],
+        "%.0f" % t["output_tok_s"], fmt(err(naive["output_tok_s"], t["output_tok_s"]), "%+.2f"),
+        "%.2f" % (naive["tpot_p50_ms"] * 1e3), "%.2f" % (t["tpot_p50_ms"] * 1e3),
+        fmt(err(naive["tpot_p50_ms"], t["tpot_p50_ms"]), "%+.1f"), "%.2f" % naive["ttft_p50_ms"],
+        "%.2f" % t["ttft_p50_ms"], "%.2f" % naive["cpu_us_per_token"], "-", "-",
+    ])
+    out.append(table.to_markdown())
     if best is not None:
         out.append("\nservelab / naive events/s: %.2fx; servelab best / raw floor: %.1f %%\n" % (
             best.output_tok_s / max(naive["output_tok_s"], 1),

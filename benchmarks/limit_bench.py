@@ -75,6 +75,7 @@ import client_bench as cb  # noqa: E402
 import client_baselines  # noqa: E402
 from client_bench import err, fmt, truth_window  # noqa: E402
 from simproc import ServerProcess  # noqa: E402
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (  # noqa: E402
     level_configs, run_levels,
 )
@@ -294,11 +295,12 @@ def bench_ttft(args, acct, out, failures) -> None:
                "exactly, and the truth's window is by t_recv). Of the send path, server loop = "
                "truth t_recv - t_arrive (the request had reached the server's socket, kernel "
                "stamp, and waited for the server's own loop).\n")
-    out.append("| C | procs | requests | TTFT p50 ms | truth | err ms | err % | target % "
-               "| send path p50 ms | of it server loop p50 ms | read path p50 ms | rest ms | tok/s "
-               "| truth | err % | TPOT p50 ms | truth | err % | CPU us/token | client_limited | rx_timestamps "
-               "| verdict |")
-    out.append("|" + "---|" * 22)
+    table = Table([
+        "C", "procs", "requests", "TTFT p50 ms", "truth", "err ms", "err %", "target %",
+        "send path p50 ms", "of it server loop p50 ms", "read path p50 ms", "rest ms", "tok/s",
+        "truth", "err %", "TPOT p50 ms", "truth", "err %", "CPU us/token", "client_limited",
+        "rx_timestamps", "verdict",
+    ], [])
     for res in results:
         row = res.row
         t = truth_window(truth, row.window_start_ns, row.window_end_ns)
@@ -330,17 +332,18 @@ def bench_ttft(args, acct, out, failures) -> None:
             bad.append("TPOT")
         if row.client_limited:
             bad.append("client_limited")
-        out.append("| %d | %d | %d | %s | %.2f | %s | %s | %.0f | %s | %s | %s | %s | %s | %.1f "
-                   "| %s | %s | %.3f | %s | %s | %s | %s | %s |" % (
-                       row.concurrency, row.client_processes, row.requests,
-                       fmt(row.ttft_p50_ms), t["ttft_p50_ms"], fmt(e_ms, "%+.3f"),
-                       fmt(e_ttft, "%+.2f"), target, fmt(send_ms, "%.3f"), fmt(loop_ms, "%.3f"),
-                       fmt(read_ms, "%.3f"),
-                       fmt(rest, "%+.3f"), fmt(row.output_tok_s, "%.1f"), t["output_tok_s"],
-                       fmt(e_tok, "%+.3f"), fmt(row.tpot_p50_ms, "%.3f"), t["tpot_p50_ms"],
-                       fmt(e_tpot, "%+.3f"), fmt(row.client_cpu_us_per_token, "%.1f"),
-                       row.client_limited, getattr(row, "rx_timestamps", "") or "-",
-                       "ok" if not bad else "MISS " + ",".join(bad)))
+        table.rows.append([
+            "%d" % row.concurrency, "%d" % row.client_processes, "%d" % row.requests,
+            fmt(row.ttft_p50_ms), "%.2f" % t["ttft_p50_ms"], fmt(e_ms, "%+.3f"),
+            fmt(e_ttft, "%+.2f"), "%.0f" % target, fmt(send_ms, "%.3f"), fmt(loop_ms, "%.3f"),
+            fmt(read_ms, "%.3f"), fmt(rest, "%+.3f"), fmt(row.output_tok_s, "%.1f"),
+            "%.1f" % t["output_tok_s"], fmt(e_tok, "%+.3f"), fmt(row.tpot_p50_ms, "%.3f"),
+            "%.3f" % t["tpot_p50_ms"], fmt(e_tpot, "%+.3f"),
+            fmt(row.client_cpu_us_per_token, "%.1f"), str(row.client_limited),
+            str(getattr(row, "rx_timestamps", "") or "-"),
+            str("ok" if not bad else "MISS " + ",".join(bad)),
+        ])
+    out.append(table.to_markdown())
     out.append("")
 
 
@@ -371,25 +374,31 @@ def bench_firehose(args, acct, out, failures) -> None:
                "per server write, 1 token per event, %d tokens per request, window %.0f s, "
                "`processes` at its default)\n"
                % (args.events_per_write, args.firehose_tokens, args.seconds))
-    out.append("| C | raw floor events/s | floor CPU us/event | servelab events/s | truth | err % "
-               "| servelab / floor | client processes | CPU us/event | loop lag p99 ms "
-               "| client_limited | verdict (>= floor) |")
-    out.append("|" + "---|" * 12)
+    table = Table([
+        "C", "raw floor events/s", "floor CPU us/event", "servelab events/s", "truth", "err %",
+        "servelab / floor", "client processes", "CPU us/event", "loop lag p99 ms", "client_limited",
+        "verdict (>= floor)",
+    ], [])
     for c, floor, res in results:
         fl = floor["events_s"]
         fl_cpu = floor["cpu_util"] * 1e6 / max(fl, 1)
         if res is None:
-            out.append("| %d | %.0f | %.2f | failed | - | - | - | - | - | - | - | MISS |"
-                       % (c, fl, fl_cpu))
+            table.rows.append([
+                "%d" % c, "%.0f" % fl, "%.2f" % fl_cpu, "failed", "-", "-", "-", "-", "-", "-", "-",
+                "MISS",
+            ])
             continue
         row = res.row
         t = truth_window(truth, row.window_start_ns, row.window_end_ns)
         ev = row.output_tok_s or 0.0
-        out.append("| %d | %.0f | %.2f | %.0f | %.0f | %s | %.1f %% | %d | %s | %s | %s | %s |" % (
-            c, fl, fl_cpu, ev, t["output_tok_s"], fmt(err(ev, t["output_tok_s"]), "%+.3f"),
-            100 * ev / max(fl, 1), row.client_processes, fmt(row.client_cpu_us_per_token),
-            fmt(row.loop_lag_p99_ms), row.client_limited,
-            ok(ev >= fl, "(%.1f %% of the floor)" % (100 * ev / max(fl, 1)))))
+        table.rows.append([
+            "%d" % c, "%.0f" % fl, "%.2f" % fl_cpu, "%.0f" % ev, "%.0f" % t["output_tok_s"],
+            fmt(err(ev, t["output_tok_s"]), "%+.3f"), "%.1f %%" % (100 * ev / max(fl, 1)),
+            "%d" % row.client_processes, fmt(row.client_cpu_us_per_token), fmt(row.loop_lag_p99_ms),
+            str(row.client_limited),
+            ok(ev >= fl, "(%.1f %% of the floor)" % (100 * ev / max(fl, 1))),
+        ])
+    out.append(table.to_markdown())
     out.append("")
 
 
@@ -407,11 +416,12 @@ def bench_accounting(acct: Accounting, out) -> None:
                "controller is this process (RUSAGE_SELF; it also holds a /proc/stat sampler "
                "thread and the simulator's output reader). Host busy: /proc/stat, all CPUs, over "
                "the row's window, sampled every 100 ms.\n")
-    out.append("| level | client processes | row client_cpu_s | rusage children s "
-               "| /proc cutime+cstime s | err % | verdict (2 %) | row module_cpu_s "
-               "| controller RUSAGE_SELF s | row ansible_cpu_s | row host_cpu_util "
-               "| host busy /proc/stat (window) | simulator CPU s |")
-    out.append("|" + "---|" * 13)
+    table = Table([
+        "level", "client processes", "row client_cpu_s", "rusage children s",
+        "/proc cutime+cstime s", "err %", "verdict (2 %)", "row module_cpu_s",
+        "controller RUSAGE_SELF s", "row ansible_cpu_s", "row host_cpu_util",
+        "host busy /proc/stat (window)", "simulator CPU s",
+    ], [])
     for e in acct.entries:
         res = e["result"]
         if res is None:
@@ -430,12 +440,14 @@ def bench_accounting(acct: Accounting, out) -> None:
             busy = acct.host.busy(rows[0].window_start_ns, rows[0].window_end_ns)
         host = g(rows[0], "host_cpu_util") if len(rows) == 1 else None
         ans = g(rows[0], "ansible_cpu_s") if len(rows) == 1 else None
-        out.append("| %s | %s | %s | %.3f | %s | %s | %s | %s | %.3f | %s | %s | %s | %s |" % (
-            e["label"], "+".join(str(r.client_processes) for r in rows), fmt(cpu_s, "%.3f"),
-            e["children_s"], fmt(e["proc_s"], "%.2f"), fmt(e_cpu, "%+.2f"),
-            ok(e_cpu is not None and abs(e_cpu) <= TARGET_CPU_ACCOUNT),
-            fmt(mod_s, "%.3f"), e["self_s"], fmt(ans, "%.3f"), fmt(host, "%.2f"),
-            fmt(busy, "%.2f"), fmt(e["sim_s"], "%.2f")))
+        table.rows.append([
+            str(e["label"]), str("+".join(str(r.client_processes) for r in rows)),
+            fmt(cpu_s, "%.3f"), "%.3f" % e["children_s"], fmt(e["proc_s"], "%.2f"),
+            fmt(e_cpu, "%+.2f"), ok(e_cpu is not None and abs(e_cpu) <= TARGET_CPU_ACCOUNT),
+            fmt(mod_s, "%.3f"), "%.3f" % e["self_s"], fmt(ans, "%.3f"), fmt(host, "%.2f"),
+            fmt(busy, "%.2f"), fmt(e["sim_s"], "%.2f"),
+        ])
+    out.append(table.to_markdown())
     out.append("")
 
 
@@ -465,22 +477,26 @@ def bench_samples(args, acct, out, failures) -> None:
                    args.samples_seconds, args.samples_osl,
                    TTFT_MS + STEP_MS * (args.samples_osl - 1),
                    args.samples_seconds * 1000 // (TTFT_MS + STEP_MS * (args.samples_osl - 1))))
-    out.append("| C | window s | row latency_samples | row min_latency_samples | samples in the "
-               "request rows | window_complete | stop reason | warnings on samples | verdict "
-               "(>= %d or said so) |" % TARGET_SAMPLES)
-    out.append("|" + "---|" * 9)
+    table = Table([
+        "C", "window s", "row latency_samples", "row min_latency_samples",
+        "samples in the request rows", "window_complete", "stop reason", "warnings on samples",
+        "verdict (>= %d or said so)" % TARGET_SAMPLES,
+    ], [])
     if res is None:
-        out.append("| 1 | failed | - | - | - | - | - | - | MISS |\n")
+        table.rows.append(["1", "failed", "-", "-", "-", "-", "-", "-", "MISS"])
+        out.append(table.to_markdown() + "\n")
         return
     row = res.row
     counted = sum(1 for r in res.requests if r["in_window"] and not r["error"]
                   and r.get("t_first") is not None)
     said = [w for w in res.warnings if "sample" in w.lower()]
     verdict = "ok" if counted >= TARGET_SAMPLES else ("ok (said so)" if said else "MISS")
-    out.append("| 1 | %.1f | %s | %s | %d | %s | %s | %s | %s |" % (
-        row.window_s, gs(row, "latency_samples", "%d"), gs(row, "min_latency_samples", "%d"),
-        counted, row.window_complete, row.stop_reason or "-",
-        "; ".join(said).replace("|", "/") or "-", verdict))
+    table.rows.append([
+        "1", "%.1f" % row.window_s, str(gs(row, "latency_samples", "%d")),
+        str(gs(row, "min_latency_samples", "%d")), "%d" % counted, str(row.window_complete),
+        str(row.stop_reason or "-"), str("; ".join(said).replace("|", "/") or "-"), str(verdict),
+    ])
+    out.append(table.to_markdown())
     out.append("")
 
 
@@ -514,11 +530,12 @@ def bench_drain(args, acct, out, failures) -> None:
     out.append("Truth gap: the next level's first send - the server's last emission for this "
                "level's requests (>= 0: the next level started on an idle server); in flight: "
                "this level's requests the server was still emitting for at that send.\n")
-    out.append("| C | row drain_s | row drain_basis | truth gap ms | in flight at next send "
-               "| verdict |")
-    out.append("|---|---|---|---|---|---|")
+    table = Table([
+        "C", "row drain_s", "row drain_basis", "truth gap ms", "in flight at next send", "verdict",
+    ], [])
     if outcome is None:
-        out.append("| - | failed | - | - | - | MISS |\n")
+        table.rows.append(["-", "failed", "-", "-", "-", "MISS"])
+        out.append(table.to_markdown() + "\n")
         return
     levels = outcome.levels
     for i, row in enumerate(levels):
@@ -538,9 +555,11 @@ def bench_drain(args, acct, out, failures) -> None:
                          "" if drain_s is not None else "(no drain_s yet)")
         else:
             verdict = "- (last level)"
-        out.append("| %d | %s | %s | %s | %s | %s |" % (
-            row["concurrency"], fmt(drain_s, "%.3f"), basis or "-", fmt(gap, "%.1f"),
-            "-" if busy is None else busy, verdict))
+        table.rows.append([
+            "%d" % row["concurrency"], fmt(drain_s, "%.3f"), str(basis or "-"), fmt(gap, "%.1f"),
+            str("-" if busy is None else busy), str(verdict),
+        ])
+    out.append(table.to_markdown())
     if outcome.failure:
         out.append("\nsweep stopped: %s" % outcome.failure)
     out.append("")
@@ -668,13 +687,13 @@ def bench_open(args, acct, out, failures) -> None:
                "'some' avg10 before the level (%% of time a runnable task waited for a CPU). "
                "Sender: the priority the arrival sender process got.\n"
                % (RATE, 196 / (RATE * args.open_seconds) ** 0.5))
-    out.append("| arrival | run | CPU pressure % | sender | window s | row arrival_rate_s "
-               "| rows rate | truth rate | schedule rate | truth err % vs 200 "
-               "| truth err % vs schedule | rate verdict (1 %) | row lateness p50 / p99 ms "
-               "| rows p50 / p99 ms | truth p50 / p99 ms | kernel | truth at read p50 / p99 ms "
-               "| wire p50 / p99 ms | server loop p50 / p99 ms | >= 1 ms "
-               "| capped | lateness verdict (p99 < 1 ms) |")
-    out.append("|" + "---|" * 22)
+    table = Table([
+        "arrival", "run", "CPU pressure %", "sender", "window s", "row arrival_rate_s", "rows rate",
+        "truth rate", "schedule rate", "truth err % vs 200", "truth err % vs schedule",
+        "rate verdict (1 %)", "row lateness p50 / p99 ms", "rows p50 / p99 ms",
+        "truth p50 / p99 ms", "kernel", "truth at read p50 / p99 ms", "wire p50 / p99 ms",
+        "server loop p50 / p99 ms", ">= 1 ms", "capped", "lateness verdict (p99 < 1 ms)",
+    ], [])
     summary = {}
     for run_no, arrival, pressure, res in results:
         row = res.row
@@ -705,37 +724,41 @@ def bench_open(args, acct, out, failures) -> None:
             bad.append("truth")
         summary.setdefault(arrival, []).append((row_p99, truth_p99, p99(f["tread"]),
                                                 p99(f["loop"]), pressure))
-        out.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s "
-                   "| %s / %s | %s / %s | %d of %d | %s / %s | %s / %s | %s / %s | %d / %d "
-                   "| %d | %s |"
-                   % (arrival, run_no, fmt(pressure, "%.0f"),
-                      getattr(res, "sender_priority", None) or "-",
-                      fmt(w, "%.1f"), fmt(achieved), fmt(f["rows_rate"]), fmt(truth_rate),
-                      fmt(sched_rate), fmt(e200, "%+.2f"), fmt(esched, "%+.2f"), rate_verdict,
-                      gs(row, "send_lateness_p50_ms", "%.3f"),
-                      gs(row, "send_lateness_p99_ms", "%.3f"), fmt(p50(f["late"]), "%.3f"),
-                      fmt(p99(f["late"]), "%.3f"), fmt(p50(f["tlate"]), "%.3f"),
-                      fmt(truth_p99, "%.3f"), f["kernel"], len(f["tlate"]),
-                      fmt(p50(f["tread"]), "%.3f"), fmt(p99(f["tread"]), "%.3f"),
-                      fmt(p50(f["wire"]), "%.3f"), fmt(p99(f["wire"]), "%.3f"),
-                      fmt(p50(f["loop"]), "%.3f"), fmt(p99(f["loop"]), "%.3f"),
-                      f["over"], f["tover"], f["capped"],
-                      "ok" if not bad else "MISS " + ", ".join(bad)))
+        table.rows.append([
+            str(arrival), "%d" % run_no, fmt(pressure, "%.0f"),
+            str(getattr(res, "sender_priority", None) or "-"), fmt(w, "%.1f"), fmt(achieved),
+            fmt(f["rows_rate"]), fmt(truth_rate), fmt(sched_rate), fmt(e200, "%+.2f"),
+            fmt(esched, "%+.2f"), str(rate_verdict),
+            "%s / %s" % (gs(row, "send_lateness_p50_ms", "%.3f"), gs(row, "send_lateness_p99_ms", "%.3f")),
+            "%s / %s" % (fmt(p50(f["late"]), "%.3f"), fmt(p99(f["late"]), "%.3f")),
+            "%s / %s" % (fmt(p50(f["tlate"]), "%.3f"), fmt(truth_p99, "%.3f")),
+            "%d of %d" % (f["kernel"], len(f["tlate"])),
+            "%s / %s" % (fmt(p50(f["tread"]), "%.3f"), fmt(p99(f["tread"]), "%.3f")),
+            "%s / %s" % (fmt(p50(f["wire"]), "%.3f"), fmt(p99(f["wire"]), "%.3f")),
+            "%s / %s" % (fmt(p50(f["loop"]), "%.3f"), fmt(p99(f["loop"]), "%.3f")),
+            "%d / %d" % (f["over"], f["tover"]), "%d" % f["capped"],
+            str("ok" if not bad else "MISS " + ", ".join(bad)),
+        ])
+    out.append(table.to_markdown())
     out.append("")
     out.append("Send lateness p99 across the runs (ms): min / median / max, and the runs under "
                "1 ms.\n")
-    out.append("| arrival | runs | row p99 min / median / max | row p99 < 1 ms | truth p99 "
-               "min / median / max | truth p99 < 1 ms | truth at read p99 min / median / max "
-               "| truth at read p99 < 1 ms | server loop p99 min / median / max "
-               "| CPU pressure % min / max |")
-    out.append("|" + "---|" * 10)
+    table = Table([
+        "arrival", "runs", "row p99 min / median / max", "row p99 < 1 ms",
+        "truth p99 min / median / max", "truth p99 < 1 ms", "truth at read p99 min / median / max",
+        "truth at read p99 < 1 ms", "server loop p99 min / median / max",
+        "CPU pressure % min / max",
+    ], [])
     for arrival, figs in summary.items():
         press = [v[4] for v in figs if v[4] is not None]
-        out.append("| %s | %d | %s | %d of %d | %s | %d of %d | %s | %d of %d | %s | %s |" % (
-            arrival, len(figs), spread(figs, 0), under(figs, 0), len(figs), spread(figs, 1),
-            under(figs, 1), len(figs), spread(figs, 2), under(figs, 2), len(figs),
-            spread(figs, 3),
-            "%.0f / %.0f" % (min(press), max(press)) if press else "-"))
+        table.rows.append([
+            str(arrival), "%d" % len(figs), str(spread(figs, 0)),
+            "%d of %d" % (under(figs, 0), len(figs)), str(spread(figs, 1)),
+            "%d of %d" % (under(figs, 1), len(figs)), str(spread(figs, 2)),
+            "%d of %d" % (under(figs, 2), len(figs)), str(spread(figs, 3)),
+            str("%.0f / %.0f" % (min(press), max(press)) if press else "-"),
+        ])
+    out.append(table.to_markdown())
     out.append("")
 
 

@@ -48,6 +48,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import DeviceMatcher, find_device_holders  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import ReapOptions, reap  # noqa: E402
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: E402
 
 GOAL_SECONDS = 1.5
 THRESHOLD_MIB = 256
@@ -219,13 +220,14 @@ def main():
         and s["survivors"] == 0
 
     print()
-    print("| method   | trials | median s | min s | max s | verified | collateral | survivors |")
-    print("|----------|--------|----------|-------|-------|----------|------------|-----------|")
+    table = Table(["method", "trials", "median s", "min s", "max s", "verified", "collateral",
+                   "survivors"], [])
     for method in ("servelab", "field"):
         m = summary[method]
-        print("| %-8s | %6d | %8.3f | %5.3f | %5.3f | %-8s | %10d | %9d |" % (
-            method, m["trials"], m["median_s"], m["min_s"], m["max_s"], m["all_verified"],
-            m["collateral"], m["survivors"]))
+        table.rows.append([method, "%d" % m["trials"], "%.3f" % m["median_s"],
+                           "%.3f" % m["min_s"], "%.3f" % m["max_s"], str(m["all_verified"]),
+                           "%d" % m["collateral"], "%d" % m["survivors"]])
+    print(table.to_markdown(right=[False, True, True, True, True, False, True, True]))
     print()
     print("field: memory was actually back after %s s (median); its literal commands (kill -9 "
           "of every python3, fuser -k /dev/nvidia*) would also have hit %d bystanders per trial"

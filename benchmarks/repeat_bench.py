@@ -69,6 +69,7 @@ collection_link.importable()
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import request_body  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import builtin  # noqa: E402
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: E402
 
 import client_baselines  # noqa: E402
 
@@ -606,16 +607,13 @@ def markdown(report):
             ("host busy", lambda r: f(r["res"].get("host_busy_cores"), "%.2f")),
             ("steal", lambda r: f(r["res"].get("host_steal_cores"), "%.3f")),
             ("whole-run tok/s", lambda r: f(r["fig"].get("whole_run_tok_s")))]
-    lines.append("| " + " | ".join(c[0] for c in cols) + " |")
-    lines.append("|" + "---|" * len(cols))
-    for r in report["runs"]:
-        lines.append("| " + " | ".join(str(c[1](r)) for c in cols) + " |")
+    lines.append(Table([c[0] for c in cols],
+                       [[str(c[1](r)) for c in cols] for r in report["runs"]]).to_markdown())
     if report.get("skipped"):
         lines += ["", "Not run (--budget-s reached): %s" % ", ".join(report["skipped"])]
     lines += ["", "## spread per client per C", "",
-              "spread = (max - min) / mean; CV = sample standard deviation / mean.", "",
-              "| C | client | figure | n | mean | min | max | spread % | CV % |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "spread = (max - min) / mean; CV = sample standard deviation / mean.", ""]
+    table = Table(["C", "client", "figure", "n", "mean", "min", "max", "spread %", "CV %"], [])
     names = {"output_tok_s": "output tok/s (window)", "ttft_p50_ms": "TTFT p50 ms",
              "whole_run_tok_s": "whole-run tok/s", "engine_cpu_cores": "engine CPU cores",
              "engine_busiest_thread": "engine busiest thread", "gpu_util_mean": "GPU util %",
@@ -628,9 +626,11 @@ def markdown(report):
             s = row.get(key)
             if not s:
                 continue
-            lines.append("| %d | %s | %s | %d | %s | %s | %s | %s | %s |" % (
-                row["c"], row["client"], name, s["n"], f(s["mean"], "%.2f"),
-                f(s["min"], "%.2f"), f(s["max"], "%.2f"), f(s["spread_pct"]), f(s["cv_pct"])))
+            table.rows.append([
+                "%d" % row["c"], str(row["client"]), name, "%d" % s["n"], f(s["mean"], "%.2f"),
+                f(s["min"], "%.2f"), f(s["max"], "%.2f"), f(s["spread_pct"]), f(s["cv_pct"]),
+            ])
+    lines.append(table.to_markdown())
     if report.get("error"):
         lines += ["", "## error", "", "```", report["error"], "```"]
     return "\n".join(lines) + "\n"

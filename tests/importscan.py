@@ -48,3 +48,14 @@ def imports(source: str):
 def heavy_imports(source: str, heavy=HEAVY):
     """(name, line) of every import of a `heavy` library, guarded or not."""
     return [(name, line) for name, line, _guarded in imports(source) if name.split(".")[0] in heavy]
+
+
+def imported_names(source: str):
+    """Every dotted name an import statement names, hidden ones too: `import a.b` gives a.b and
+    `from a import b, c` gives a, a.b and a.c (b may be a module or a name in a: the caller knows
+    which exist). The import-cycle test reads the graph from these."""
+    found = [name for name, _line, _guarded in imports(source)]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [node.module + "." + alias.name for alias in node.names if alias.name != "*"]
+    return found

@@ -201,51 +201,16 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def resources(params, lock_dir):
-    out = []
-    if params["state_dir"]:
-        out.append(lock.state_dir_resource(params["state_dir"]))
-    if params["port"] is not None:
-        out.append(lock.port_resource(lock_dir, params["port"]))
-    for extra in params.get("extra_ports") or ():
-        if extra != params["port"]:
-            out.append(lock.port_resource(lock_dir, extra))
-    return out
-
-
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    params = module.params
-    lock_dir = params["lock_dir"] or lock.default_lock_dir()
     result = dict(changed=False, acquired=[], taken_over=[], conflicts=[], released=[])
+    if module.params["state"] == "acquired" and not module.params["controller"]:
+        module.fail_json(msg="bench_lock: controller is missing: run bench_lock as a task "
+                             "(its action plugin fills it in), not as a bare module")
     try:
-        if params["state"] == "acquired":
-            if not params["controller"]:
-                module.fail_json(msg="bench_lock: controller is missing: run bench_lock as a task "
-                                     "(its action plugin fills it in), not as a bare module")
-            outcome = lock.acquire(
-                lock_dir, resources(params, lock_dir), params["run_id"],
-                lock.Controller.from_dict(params["controller"]),
-                state_dir=lock.real_dir(params["state_dir"]) if params["state_dir"] else None,
-                port=params["port"], take_over=params["take_over"],
-                inventory_host=params["inventory_host"], check_mode=module.check_mode)
-            result["acquired"] = [r.as_dict() for r in outcome.acquired]
-            result["taken_over"] = [r.as_dict() for r in outcome.taken_over]
-            result["conflicts"] = [dict(resource=c.resource, path=c.path, holder=c.holder.as_dict())
-                                   for c in outcome.conflicts]
-            result["changed"] = bool(outcome.written)
-        elif params["state"] == "released":
-            pairs = [(str(item.get("path")), str(item.get("token"))) for item in params["release"]]
-            result["released"] = lock.release(lock_dir, pairs, check_mode=module.check_mode)
-            result["changed"] = bool(result["released"])
-        state_dirs = [params["state_dir"]] if params["state_dir"] else []
-        result.update(lock.survey(lock_dir, state_dirs))
-        # The resources as this host spells them (its realpath, its ~): the action compares
-        # records with these, never with a path resolved on the controller.
-        result["resources"] = [name for name, _path in resources(params, lock_dir)]
+        lock.run_task(module.params, module.check_mode, result)
     except lock.LockError as exc:
         module.fail_json(msg="bench_lock: %s" % exc, **result)
-    result["lock_dir"] = lock_dir
     module.exit_json(**result)
 
 

@@ -145,6 +145,7 @@ class InterruptGuard:
         self.cleaning = False
         self.cliargs: Dict = {}
         self.cleanup_timeout = DEFAULT_CLEANUP_TIMEOUT
+        self.cleanup_grace = 15.0       # after the time-out: SIGTERM, this long, then SIGKILL
         self._previous: Dict[int, object] = {}
         self._say = say
 
@@ -284,16 +285,12 @@ class InterruptGuard:
         try:
             rc = child.wait(self.cleanup_timeout)
         except subprocess.TimeoutExpired:
-            for signum in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(child.pid, signum)
-                except ProcessLookupError:
-                    break
-                try:
-                    child.wait(15)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            from ansible_collections.servelab.serving.plugins.module_utils.proc.terminate import (
+                end_group,
+            )
+
+            # Its session is its process group: end all of it (what it started included).
+            end_group(child.pid, grace=self.cleanup_grace, kill_timeout=15.0)
             self.say("servelab: the cleanup of run %s did not finish within %.0f s and was "
                      "stopped; run it by hand: %s"
                      % (run.run_id, self.cleanup_timeout, " ".join(cmd)))

@@ -12,7 +12,6 @@ Controller-side only (pandas-free, stdlib).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import subprocess
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 # deep_merge is also re-exported from here: the manifest merges with it.
-from ansible_collections.servelab.serving.plugins.module_utils.flock import wait_exclusive
+from ansible_collections.servelab.serving.plugins.module_utils.flock import held_file
 from ansible_collections.servelab.serving.plugins.module_utils.mapping import deep_merge
 from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_tree
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
@@ -54,20 +53,11 @@ def run_lock(run_dir: str, timeout: float = 120.0) -> Iterator[None]:
     of a run directory uses flock on this file.
     """
     os.makedirs(run_dir, exist_ok=True)
-    fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if not wait_exclusive(fd, timeout, poll=0.02):
-            lock_path = os.path.join(run_dir, LOCK_FILE)
-            raise ManifestError(
-                f"could not lock {lock_path} within {timeout:.0f} s: another servelab "
-                "task holds it; if none is running, delete the file"
-            )
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    lock_path = os.path.join(run_dir, LOCK_FILE)
+    with held_file(lock_path, timeout, 0.02, lambda: ManifestError(
+            f"could not lock {lock_path} within {timeout:.0f} s: another servelab task holds it; "
+            "if none is running, delete the file")):
+        yield
 
 
 def read_manifest(run_dir: str) -> dict:

@@ -31,6 +31,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     part_stem, row_repeat,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table
 
 SEP = " · "
 # Before any level of the run has been measured, a level is guessed to take its window plus
@@ -292,14 +293,7 @@ def levels_table(rows: Sequence[Mapping]) -> List[str]:
         if any(notes):
             line.append(note)
         body.append(line)
-    widths = [max(len(r[i]) for r in [headers] + body) for i in range(len(headers))]
-
-    def render(values):
-        out = [v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right)]
-        return "  ".join(out).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return [render(headers), rule] + [render(line) for line in body]
+    return Table(headers, body).to_text(right).split("\n")
 
 
 def level_key(row: Mapping) -> tuple:

@@ -1,17 +1,20 @@
 """The controller's side of the run locks (plugins/module_utils/run/lock.py holds the records):
-who this run's controller is, whether a holder is alive, what to take over, what to say.
+who this run's controller is, whether a holder is alive, what to take over, what to say, and the
+bench_lock task's steps on the controller (`bench_lock_task`; plugins/action/bench_lock.py only
+wires it to Ansible).
 
 Controller only: a holder's pid means something only on the machine that recorded it.
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 from ansible_collections.servelab.serving.plugins.module_utils.run.lock import (
-    FOREIGN, LIVE, STALE, Controller, LockRecord, holder_state,
+    FOREIGN, LIVE, STALE, Controller, LockError, LockRecord, holder_state,
 )
 
 
@@ -139,3 +142,110 @@ def protect_pids(records: Sequence[LockRecord], servers: Sequence[dict], run_id:
             pids.update(int(s["pid"]) for s in entry.get("servers") or []
                         if s.get("alive") and s.get("pid"))
     return sorted(pids)
+
+
+# ---------------------------------------------------------------------------------------------
+# The bench_lock task on the controller (plugins/action/bench_lock.py is its Ansible wrapper)
+
+
+class LockRefused(Exception):
+    """The task must fail: the message says why and what to do; `result` goes with it."""
+
+    def __init__(self, message: str, result: Optional[dict] = None):
+        super().__init__(message)
+        self.result = result or {}
+
+
+def _record(data: dict, path: str) -> LockRecord:
+    try:
+        return LockRecord.from_dict(data, path=path)
+    except LockError as exc:
+        raise LockRefused("bench_lock: %s" % exc) from None
+
+
+def _records(items) -> List[LockRecord]:
+    return [_record(r, r.get("path", "")) for r in items or []]
+
+
+def _describe_mine(result: dict, res: dict, records: Optional[List[LockRecord]] = None) -> None:
+    if records is None:
+        records = _records(res.get("acquired"))
+    state_dirs = sorted({r.state_dir for r in records if r.state_dir})
+    result["state_dirs"] = state_dirs
+    result["ports"] = sorted({r.port for r in records if r.port is not None})
+    # The servers recorded as running (or still alive) in the run's own state directories: what
+    # the interrupt cleanup stops.
+    result["servers"] = [
+        {"name": s["name"], "state_dir": entry["state_dir"]}
+        for entry in res.get("servers") or [] if entry.get("state_dir") in state_dirs
+        for s in entry.get("servers") or [] if s.get("alive") or s.get("status") == "running"]
+    result.setdefault("protect_pids", [])
+
+
+def bench_lock_task(call: Callable[..., dict], args: dict, me: Controller, host: str,
+                    check_mode: bool) -> dict:
+    """The bench_lock task's result. `call(**module_args)` runs the module on the host (the
+    target side, module_utils/run/lock.run_task) with `args`' own options plus the ones given,
+    and raises when it fails; `host` is the inventory host the locks are for. Raises LockRefused
+    when the run must not go on."""
+    run_id, state = args["run_id"], args["state"]
+    result = dict(run_id=run_id, state=state, controller=dataclasses.asdict(me),
+                  changed=False, warnings=[])
+    names = args.get("state_dir") or args.get("port") is not None
+    if state == "acquired":
+        if not names:
+            raise LockRefused("bench_lock: state=acquired needs state_dir or port (what to "
+                              "hold), e.g. state_dir: \"{{ bench_state_dir }}\"")
+        controller = dataclasses.asdict(me)
+        res = call(state="acquired", controller=controller)
+        if res.get("conflicts"):
+            decision = judge(((c["resource"], _record(c["holder"], c["path"]))
+                              for c in res["conflicts"]), me, args["break_lock"], host)
+            if decision.refusals:
+                raise LockRefused("bench_lock: run %s refused: %s" % (
+                    run_id, "; ".join(decision.refusals)), dict(conflicts=res["conflicts"]))
+            res = call(state="acquired", controller=controller, take_over=decision.take_over)
+            if res.get("conflicts"):
+                holders = ["%s by %s" % (describe_resource(c["resource"], host),
+                                         _record(c["holder"], c["path"]).describe())
+                           for c in res["conflicts"]]
+                raise LockRefused("bench_lock: run %s refused: taken meanwhile: %s"
+                                  % (run_id, "; ".join(holders)))
+            result["warnings"].extend(decision.warnings)
+        result.update(changed=bool(res.get("changed")), acquired=res.get("acquired") or [],
+                      taken_over=res.get("taken_over") or [], held=True,
+                      lock_dir=res.get("lock_dir"))
+        _describe_mine(result, res)
+        return result
+
+    would_hold = False
+    res = call(state="held")
+    records = _records(res.get("records"))
+    mine = [r for r in records if ours(r, run_id, me, host)]
+    if state == "held" and names:
+        # The role checks before each reap: a run whose lock was broken must not touch the state
+        # directory or port again (the servers there are the other run's now).
+        for resource in res.get("resources") or []:
+            holder = next((r for r in records if r.resource == resource), None)
+            if holder is None and check_mode:
+                # --check took no lock (it writes nothing); a free resource is one the run
+                # would hold.
+                would_hold = True
+                continue
+            if holder is None or not ours(holder, run_id, me, host):
+                by = holder.describe() if holder else "nobody (it was released)"
+                raise LockRefused(
+                    "bench_lock: run %s no longer holds %s: it is held by %s. This run stops "
+                    "here without touching that state directory or port again"
+                    % (run_id, describe_resource(resource, host), by))
+    if state == "released":
+        pairs = [{"path": r.path, "token": r.token} for r in mine]
+        rel = call(state="released", release=pairs)
+        result.update(changed=bool(rel.get("changed")), released=rel.get("released") or [])
+        res = rel
+    result.update(held=(bool(mine) or would_hold) and state != "released",
+                  lock_dir=res.get("lock_dir"))
+    _describe_mine(result, res, records=mine if state != "released" else [])
+    result["protect_pids"] = protect_pids(_records(res.get("records")), res.get("servers") or [],
+                                          run_id, me, result["state_dirs"], host)
+    return result

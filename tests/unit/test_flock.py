@@ -1,11 +1,14 @@
-"""module_utils/flock.py: the one bounded wait for an exclusive flock (results lock, run locks)."""
+"""module_utils/flock.py: the one bounded wait for an exclusive flock (results lock, run locks,
+the per-server lock)."""
 from __future__ import annotations
 
 import fcntl
 import os
 import time
 
-from ansible_collections.servelab.serving.plugins.module_utils.flock import wait_exclusive
+import pytest
+
+from ansible_collections.servelab.serving.plugins.module_utils.flock import held, held_file, wait_exclusive
 
 
 def test_a_held_lock_times_out_then_is_taken_once_released(tmp_path):
@@ -22,3 +25,35 @@ def test_a_held_lock_times_out_then_is_taken_once_released(tmp_path):
     finally:
         os.close(holder)
         os.close(waiter)
+
+
+def test_held_raises_the_callers_error_on_time_out_and_closes_the_file(tmp_path):
+    """held_file is the one open-wait-close of the results lock, the run locks' guard and the
+    per-server lock: a time-out raises the caller's own error, and the descriptor never leaks."""
+    path = str(tmp_path / "lock")
+    with held_file(path, timeout=1.0, poll=0.01, timed_out=lambda: AssertionError("unreached")):
+        with pytest.raises(TimeoutError, match="held by the test"):
+            with held_file(path, timeout=0.1, poll=0.01,
+                           timed_out=lambda: TimeoutError("held by the test")):
+                pass
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert wait_exclusive(fd, timeout=0.5, poll=0.01)   # nothing holds it any more
+    finally:
+        os.close(fd)
+    fd = os.open(path, os.O_RDWR)
+    with held(fd, timeout=1.0, poll=0.01, timed_out=lambda: AssertionError("unreached")):
+        pass
+    with pytest.raises(OSError):
+        os.fstat(fd)                                          # closed by held
+
+
+def test_the_per_server_lock_waits_through_the_one_loop(tmp_path):
+    from ansible_collections.servelab.serving.plugins.module_utils.server import state
+
+    with state.locked(str(tmp_path), "srv"):
+        with pytest.raises(TimeoutError, match="another task holds .*srv/.lock for more than 0 s"):
+            with state.locked(str(tmp_path), "srv", timeout=0.1):
+                pass
+    with state.locked(str(tmp_path), "srv", timeout=0.1):
+        pass

@@ -373,3 +373,38 @@ def test_gpu_reap_goes_through_terminate(tmp_path, recorded_plans):
         assert not is_alive(worker["pid"])
     finally:
         sp.cleanup()
+
+
+GROUP_LEADER = r"""
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "print('ready', flush=True); time.sleep(120)"], stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_end_group_ends_the_whole_group_not_only_its_leader():
+    """The interrupt cleanup's child runs in its own session: end_group ends every member,
+    a grandchild that ignores SIGTERM included (SIGKILL after the grace), where a killpg loop
+    waiting on the leader alone stopped as soon as the leader had gone."""
+    leader = subprocess.Popen([sys.executable, "-c", GROUP_LEADER], start_new_session=True,
+                              stdout=subprocess.PIPE, text=True)
+    grandchild = started = None
+    try:
+        grandchild = int(leader.stdout.readline())
+        started = read_process(grandchild).start_time
+        result = proc_terminate.end_group(leader.pid, grace=0.5, kill_timeout=5.0)
+        assert not is_alive(leader.pid) and not is_alive(grandchild, started)
+        by_pid = {o.pid: o.signal for o in result.killed}
+        assert by_pid == {leader.pid: "SIGTERM", grandchild: "SIGKILL"}
+        assert result.survivors == []
+        assert proc_terminate.end_group(leader.pid, grace=0.1).killed == []   # nothing left
+    finally:
+        if grandchild is not None and is_alive(grandchild, started):
+            os.kill(grandchild, signal.SIGKILL)
+        if leader.poll() is None:
+            leader.kill()
+        leader.wait(10)

@@ -304,3 +304,47 @@ def test_the_guard_is_shared_by_every_user_of_the_machine(tmp_path, request):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False, timeout=60)
     assert done.returncode == 0 and "locked" in done.stdout, done.stdout + done.stderr
+
+
+def _task(tmp_path, run_id, me, host="gpu1", check_mode=False, **options):
+    """The bench_lock task as the action runs it (run_locks.bench_lock_task), with the module's
+    side (lock.run_task) called in-process instead of over Ansible."""
+    args = dict(run_id=run_id, state="acquired", state_dir=str(tmp_path / "servers"),
+                port=31001, extra_ports=[], lock_dir=str(tmp_path / "locks"), break_lock=False)
+    args.update(options)
+    base = {k: args[k] for k in ("run_id", "state_dir", "port", "extra_ports", "lock_dir")
+            if args.get(k) is not None}
+
+    def call(**extra):
+        params = dict(dict(base, inventory_host=host, controller=None, take_over=[], release=[]),
+                      **extra)
+        return lock.run_task(params, check_mode, dict(changed=False, acquired=[],
+                                                      taken_over=[], conflicts=[], released=[]))
+
+    return run_locks.bench_lock_task(call, args, me, host, check_mode)
+
+
+def test_the_task_takes_refuses_checks_takes_over_and_releases(tmp_path, sleeper):
+    mine = controller_of(os.getpid())
+    first = _task(tmp_path, "run-1", mine)
+    assert first["held"] and first["changed"] and first["ports"] == [31001]
+    assert first["state_dirs"] == [lock.real_dir(str(tmp_path / "servers"))]
+    assert _task(tmp_path, "run-1", mine, state="held")["held"]
+    other = controller_of(sleeper().pid)
+    with pytest.raises(run_locks.LockRefused, match="run run-2 refused: .*in use by run run-1"):
+        _task(tmp_path, "run-2", other)
+    with pytest.raises(run_locks.LockRefused, match="needs state_dir or port"):
+        _task(tmp_path, "run-2", other, state_dir=None, port=None)
+    # run-1's ansible-playbook is gone: run-3 takes its records over, with a warning
+    dead = dead_controller()
+    _task(tmp_path, "run-4", dead, lock_dir=str(tmp_path / "locks2"),
+          state_dir=str(tmp_path / "servers2"))
+    taken = _task(tmp_path, "run-3", mine, lock_dir=str(tmp_path / "locks2"),
+                  state_dir=str(tmp_path / "servers2"))
+    assert len(taken["taken_over"]) == 2 and "took over" in taken["warnings"][0]
+    with pytest.raises(run_locks.LockRefused, match="no longer holds"):
+        _task(tmp_path, "run-4", dead, state="held", lock_dir=str(tmp_path / "locks2"),
+              state_dir=str(tmp_path / "servers2"))
+    released = _task(tmp_path, "run-1", mine, state="released", state_dir=None, port=None)
+    assert len(released["released"]) == 2 and not released["held"]
+    assert not os.listdir(str(tmp_path / "servers"))

@@ -16,7 +16,6 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils import preflight as target
 from ansible_collections.servelab.serving.plugins.module_utils.run import lock
-from ansible_collections.servelab.serving.plugins.modules import bench_lock
 
 
 def free_port() -> int:
@@ -51,12 +50,12 @@ def params(port, extra=()):
 def test_a_routers_halves_are_locked_with_the_server_port(tmp_path):
     lock_dir = str(tmp_path / "locks")
     port = free_port()
-    first = lock.acquire(lock_dir, bench_lock.resources(params(port, [port + 1, port + 2]),
+    first = lock.acquire(lock_dir, lock.task_resources(params(port, [port + 1, port + 2]),
                                                         lock_dir),
                          "first-run", lock.Controller.of_pid(os.getpid()))
     assert sorted(r.port for r in first.written) == [port, port + 1, port + 2]
     # a second run on the router's speculative half is refused, nothing written for it
-    second = lock.acquire(lock_dir, bench_lock.resources(params(port + 1), lock_dir),
+    second = lock.acquire(lock_dir, lock.task_resources(params(port + 1), lock_dir),
                           "second-run", lock.Controller.of_pid(os.getppid()))
     assert [(c.resource, c.holder.run_id) for c in second.conflicts] == [
         ("port:%d" % (port + 1), "first-run")]

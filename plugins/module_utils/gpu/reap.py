@@ -18,7 +18,8 @@ it kills unrelated work and guesses at timing. Here:
    its workers died: vanished, `side_effect`);
 5. poll GPU memory until every GPU is back to the baseline or `memory_timeout` passes, leaving
    out what the processes the reap spared (protected work, other users' jobs) hold, per process
-   as NVML reports it: no fixed sleeps anywhere; every wait ends as soon as its condition holds.
+   as NVML reports it (gpu/reap_memory.py): no fixed sleeps anywhere; every wait ends as soon
+   as its condition holds.
 
 Standard library only; pynvml is used when importable (see gpu/query.py).
 """
@@ -29,17 +30,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+from ansible_collections.servelab.serving.plugins.module_utils.gpu import reap_memory
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import BACKENDS, GpuMemory, open_backend
+# The memory check's names, importable from here as before (gpu_reap, the tests).
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap_memory import (  # noqa: F401
+    ExcludedProcess, MemoryExclusion, baseline_for, memory_is_clean,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.proc import terminate as proc_terminate
 from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup import (
     DEFAULT_CONTAINER_CGROUP_GLOBS, PARENT as SERVER_CGROUP_PARENT, CgroupDir, container_bases,
     container_cgroup_dirs, member_pids, resolve_cgroup_dirs, v2_root,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.devices import (
-    DeviceMatcher, find_device_holders, holds_cuda_context, split_compute_holders,
+    DeviceMatcher, find_device_holders, split_compute_holders,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
-    ProcInfo, read_process, read_stat, scan_processes, still_running,
+    ProcInfo, read_stat, scan_processes, still_running,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.select import (
     DEFAULT_PATTERNS, PATTERN_SCOPE_OWN_GPU, PATTERN_SCOPES, Candidate, Selection,
@@ -107,24 +113,6 @@ class ProcessReport:
 
 
 @dataclass
-class ExcludedProcess:
-    """A GPU process the reap spared, whose memory is left out of the memory check."""
-    pid: int                                    # as NVML/nvidia-smi lists it (= the local pid)
-    name: str
-    used_mib: int
-    reason: str                                 # why it is not a target
-
-
-@dataclass
-class MemoryExclusion:
-    """Per GPU (of memory_after): the memory of spared processes left out of the check."""
-    index: int
-    uuid: str
-    excluded_mib: int
-    processes: List[ExcludedProcess] = field(default_factory=list)
-
-
-@dataclass
 class ReapResult:
     changed: bool
     killed: List[ProcessReport] = field(default_factory=list)
@@ -149,16 +137,6 @@ class ReapResult:
 
 # ---------------------------------------------------------------------------------------------
 # Options
-
-
-def baseline_for(baseline: object, index: int) -> Optional[int]:
-    if baseline is None:
-        return None
-    if isinstance(baseline, int):
-        return baseline
-    if isinstance(baseline, list):
-        return baseline[index] if index < len(baseline) else None
-    return baseline.get(index)      # dict, normalised by validate()
 
 
 def validate(opts: ReapOptions) -> Dict[str, list]:
@@ -278,139 +256,6 @@ def _server_cgroup_members(bases: Sequence[str]) -> Dict[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Memory
-
-
-def memory_is_clean(gpu: GpuMemory, baseline: Optional[int], threshold: int,
-                    exclusion: Optional[MemoryExclusion] = None) -> bool:
-    """Back to baseline, leaving out what spared processes hold (exclusion): with a baseline,
-    used <= baseline + threshold (other work may stay); without one, no compute process other
-    than spared ones and used <= threshold."""
-    used = gpu.used_mib - (exclusion.excluded_mib if exclusion else 0)
-    if baseline is not None:
-        return used <= baseline + threshold
-    others = gpu.processes
-    if others is not None and exclusion is not None:
-        others -= len(exclusion.processes)
-    return used <= threshold and not others
-
-
-def _all_clean(mem: List[GpuMemory], opts: ReapOptions,
-               exclusions: Sequence[MemoryExclusion] = ()) -> bool:
-    by_index = {e.index: e for e in exclusions}
-    return all(memory_is_clean(g, baseline_for(opts.memory_baseline_mib, g.index),
-                               opts.memory_threshold_mib, by_index.get(g.index)) for g in mem)
-
-
-def _read_memory(backend, opts: ReapOptions) -> List[GpuMemory]:
-    """Memory of the GPUs the options name (all of them by default)."""
-    mem = backend.memory()
-    if not opts.gpus:
-        return mem
-    wanted = {str(g) for g in opts.gpus}
-    return [g for g in mem if str(g.index) in wanted or g.uuid in wanted]
-
-
-class SparedGpuProcesses:
-    """Which of the pids NVML lists are processes the reap spared (protected, another user's,
-    outside the container, no rule selects them): their memory is theirs to keep, so the check
-    leaves it out.
-
-    NVML names processes by host pid. A pid counts only if it is, here and now, a process that
-    holds a CUDA context and was never a target: in a container's own pid namespace a host pid
-    names some unrelated local process or none (it is then left in, and said so in
-    memory_note), and a target's pid is never excused, whatever holds it now."""
-
-    def __init__(self, targets: Set[int], reasons: Dict[int, str], matcher: DeviceMatcher,
-                 compute_matcher: Optional[DeviceMatcher], opts: ReapOptions,
-                 scope: Optional[Set[int]]) -> None:
-        self.targets = targets
-        self.reasons = reasons
-        self.matcher = matcher
-        self.compute_matcher = compute_matcher
-        self.opts = opts
-        self.scope = scope
-        self._known: Dict[int, Optional[Tuple[str, str]]] = {}    # pid -> (name, reason)
-
-    def spared(self, pid: int) -> Optional[Tuple[str, str]]:
-        """(name, why it is not a target) if pid is a spared CUDA process here, else None.
-        Decided once per pid: polls come every 20 ms, and a pid is not reused that fast."""
-        if pid not in self._known:
-            self._known[pid] = self._decide(pid)
-        return self._known[pid]
-
-    def _decide(self, pid: int) -> Optional[Tuple[str, str]]:
-        if pid in self.targets:
-            return None
-        info = read_process(pid, self.opts.proc_root)
-        if info is None or info.gone or not holds_cuda_context(
-                pid, self.matcher, self.compute_matcher, self.opts.scan_maps,
-                self.opts.proc_root):
-            return None
-        if pid in self.reasons:
-            why = self.reasons[pid]
-        elif self.scope is not None and pid not in self.scope:
-            why = "outside container %s (not this reap's to end)" % self.opts.container
-        else:
-            why = "not a target (no rule selects it)"
-        return info.comm, why
-
-    def exclusions(self, mem: List[GpuMemory]) -> List[MemoryExclusion]:
-        out: List[MemoryExclusion] = []
-        for g in mem:
-            kept: List[ExcludedProcess] = []
-            for p in g.process_memory or ():
-                found = self.spared(p.pid) if p.used_mib is not None else None
-                if found is not None:
-                    kept.append(ExcludedProcess(pid=p.pid, name=found[0], used_mib=p.used_mib,
-                                                reason=found[1]))
-            out.append(MemoryExclusion(index=g.index, uuid=g.uuid,
-                                       excluded_mib=sum(k.used_mib for k in kept),
-                                       processes=kept))
-        return out
-
-    def notes(self, mem: List[GpuMemory], source: str) -> List[str]:
-        """What the check could not leave out, and why (for memory_note)."""
-        if any(g.process_memory is None for g in mem):
-            return ["%s lists no per-process GPU memory here: the memory of protected or "
-                    "spared processes is not left out of the check (give memory_baseline_mib "
-                    "for work that stays)" % source]
-        notes: List[str] = []
-        foreign = ["GPU%d pid %d (%s MiB)" % (g.index, p.pid, p.used_mib)
-                   for g in mem for p in g.process_memory or ()
-                   if p.pid not in self.targets and self.spared(p.pid) is None]
-        if foreign:
-            notes.append("counted, not attributed to a spared process here: %s (not a CUDA "
-                         "process of this pid namespace: inside a container NVML reports host "
-                         "pids; give memory_baseline_mib for their work, or reap from the "
-                         "Proxmox host)" % ", ".join(foreign))
-        unknown = ["GPU%d pid %d" % (g.index, p.pid) for g in mem for p in g.process_memory or ()
-                   if p.used_mib is None and self.spared(p.pid) is not None]
-        if unknown:
-            notes.append("the driver reports no memory for spared process(es) %s: not left "
-                         "out" % ", ".join(unknown))
-        return notes
-
-
-def _wait_memory(backend, opts: ReapOptions, spared: SparedGpuProcesses
-                 ) -> Tuple[List[GpuMemory], List[MemoryExclusion]]:
-    """Poll until clean or timeout. The driver frees a dead process's memory some hundreds of
-    milliseconds after the process is gone, so this is where most of the time goes; NVML reads
-    are cheap enough to poll every 20 ms, nvidia-smi runs back off to poll_interval."""
-    deadline = time.monotonic() + opts.memory_timeout
-    cap = min(opts.poll_interval, getattr(backend, "poll_cap", None) or opts.poll_interval)
-    delay = 0.005
-    while True:
-        mem = _read_memory(backend, opts)
-        excl = spared.exclusions(mem)
-        left = deadline - time.monotonic()
-        if _all_clean(mem, opts, excl) or left <= 0:
-            return mem, excl
-        time.sleep(min(delay, left))
-        delay = min(delay * 2, cap)
-
-
-# ---------------------------------------------------------------------------------------------
 # The reap
 
 
@@ -431,7 +276,7 @@ def reap(opts: ReapOptions) -> ReapResult:
                 result.memory_note = "no GPU to check: " + "; ".join(reasons)
             else:
                 result.memory_source = backend.source
-                result.memory_before = _read_memory(backend, opts)
+                result.memory_before = reap_memory.read_memory(backend, opts)
                 if opts.gpus and not result.memory_before:
                     seen = ", ".join("%d %s" % (g.index, g.uuid) for g in backend.memory())
                     raise ReapInputError("gpus: none of %s is a GPU here (index and UUID of "
@@ -536,16 +381,16 @@ def reap(opts: ReapOptions) -> ReapResult:
 
         if backend is not None:
             t0 = time.monotonic()
-            spared_gpu = SparedGpuProcesses(handled | planned, why_not, matcher,
+            spared_gpu = reap_memory.SparedGpuProcesses(handled | planned, why_not, matcher,
                                             compute_matcher, opts, scope)
             if opts.wait_memory and not opts.check_mode:
-                result.memory_after, result.memory_excluded = _wait_memory(
+                result.memory_after, result.memory_excluded = reap_memory.wait_memory(
                     backend, opts, spared_gpu)
             else:
-                result.memory_after = _read_memory(backend, opts)
+                result.memory_after = reap_memory.read_memory(backend, opts)
                 result.memory_excluded = spared_gpu.exclusions(result.memory_after)
             result.phases["memory_wait_s"] = time.monotonic() - t0
-            result.memory_clean = _all_clean(result.memory_after, opts, result.memory_excluded)
+            result.memory_clean = reap_memory.all_clean(result.memory_after, opts, result.memory_excluded)
             notes = spared_gpu.notes(result.memory_after, backend.source)
             if notes:
                 result.memory_note = "; ".join(notes)

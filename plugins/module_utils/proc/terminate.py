@@ -34,7 +34,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.lifetime imp
     PinnedProcess, collect_exited_children,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (
-    PROC, ProcInfo, read_process, read_stat,
+    PROC, ProcInfo, read_process, read_stat, scan_processes,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.tree import caller_lineage
 
@@ -328,3 +328,19 @@ class _Termination:
     def close(self) -> None:
         for tracked in self.tracked.values():
             tracked.pin.close()
+
+
+def end_group(pgid: int, grace: float = 10.0, kill_timeout: float = 10.0,
+              collect_children: bool = True, proc_root: str = PROC) -> TerminationResult:
+    """End process group `pgid` (a child started in its own session: its pid is the group's id)
+    with terminate(): SIGTERM to every member, `grace`, SIGKILL to what is left, `kill_timeout`.
+    Members that join the group meanwhile are found and ended too, and the wait lasts until the
+    whole group has gone, not only its leader (the old killpg loops stopped waiting when the
+    leader exited, and left its children running)."""
+    def members() -> List[ProcInfo]:
+        return [info for info in scan_processes(proc_root, stat_only=True).values()
+                if info.pgid == pgid and not info.gone]
+
+    return terminate(TerminationPlan(targets=members(), grace=grace, kill_timeout=kill_timeout,
+                                     discover=members, collect_children=collect_children,
+                                     proc_root=proc_root))

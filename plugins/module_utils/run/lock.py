@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ansible_collections.servelab.serving.plugins.module_utils.flock import wait_exclusive
+from ansible_collections.servelab.serving.plugins.module_utils.flock import held
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime as proc_lifetime
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import read_process
 
@@ -232,14 +232,10 @@ def guarded(lock_dir: str, timeout: float = 30.0) -> Iterator[None]:
     """Every change of a machine's records happens under this flock: a take-over reads the holder
     and replaces it in one step, so two runs cannot both take over the same stale record."""
     path = os.path.join(lock_dir, GUARD)
-    fd = _open_guard(path)
-    try:
-        if not wait_exclusive(fd, timeout, poll=0.05):
-            raise LockError("another servelab task has held %s for more than %.0f s; if "
-                            "none is running, delete the file" % (path, timeout))
+    with held(_open_guard(path), timeout, 0.05, lambda: LockError(
+            "another servelab task has held %s for more than %.0f s; if none is running, delete "
+            "the file" % (path, timeout))):
         yield
-    finally:
-        os.close(fd)
 
 
 def read_record(path: str) -> Optional[LockRecord]:
@@ -442,3 +438,51 @@ def survey(lock_dir: str, state_dirs: Sequence[str] = ()) -> Dict[str, list]:
         "records": [dict(r.as_dict(), path=r.path) for r in records.values()],
         "servers": [{"state_dir": d, "servers": s} for d, s in sorted(servers.items())],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The bench_lock module's task (plugins/modules/bench_lock.py is its Ansible wrapper)
+
+
+def task_resources(params: dict, lock_dir: str) -> List[Tuple[str, str]]:
+    """(resource, path) of what a bench_lock task names: its state directory, its port and its
+    extra ports."""
+    out = []
+    if params.get("state_dir"):
+        out.append(state_dir_resource(params["state_dir"]))
+    if params.get("port") is not None:
+        out.append(port_resource(lock_dir, params["port"]))
+    for extra in params.get("extra_ports") or ():
+        if extra != params.get("port"):
+            out.append(port_resource(lock_dir, extra))
+    return out
+
+
+def run_task(params: dict, check_mode: bool, result: dict) -> dict:
+    """Do what a bench_lock task asks on this host, filling in `result` (also when a LockError
+    stops it half-way: the module fails with what was found so far)."""
+    lock_dir = params.get("lock_dir") or default_lock_dir()
+    if params["state"] == "acquired":
+        outcome = acquire(
+            lock_dir, task_resources(params, lock_dir), params["run_id"],
+            Controller.from_dict(params["controller"]),
+            state_dir=real_dir(params["state_dir"]) if params.get("state_dir") else None,
+            port=params.get("port"), take_over=params.get("take_over") or (),
+            inventory_host=params.get("inventory_host") or "", check_mode=check_mode)
+        result["acquired"] = [r.as_dict() for r in outcome.acquired]
+        result["taken_over"] = [r.as_dict() for r in outcome.taken_over]
+        result["conflicts"] = [dict(resource=c.resource, path=c.path, holder=c.holder.as_dict())
+                               for c in outcome.conflicts]
+        result["changed"] = bool(outcome.written)
+    elif params["state"] == "released":
+        pairs = [(str(item.get("path")), str(item.get("token")))
+                 for item in params.get("release") or ()]
+        result["released"] = release(lock_dir, pairs, check_mode=check_mode)
+        result["changed"] = bool(result["released"])
+    state_dirs = [params["state_dir"]] if params.get("state_dir") else []
+    result.update(survey(lock_dir, state_dirs))
+    # The resources as this host spells them (its realpath, its ~): the action compares records
+    # with these, never with a path resolved on the controller.
+    result["resources"] = [name for name, _path in task_resources(params, lock_dir)]
+    result["lock_dir"] = lock_dir
+    return result

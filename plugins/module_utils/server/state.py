@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils import redact
+from ansible_collections.servelab.serving.plugins.module_utils.flock import held_file
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import atomic_write_text
 
 STATE_FILE = "state.json"
@@ -103,18 +102,6 @@ def locked(state_dir: str, name: str, timeout: float = 600.0) -> Iterator[None]:
     """One operation per server at a time (two plays on one host must not both launch it)."""
     directory = server_dir(state_dir, name)
     _private_directory(directory)
-    fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"another task holds {directory}/{LOCK_FILE} for more "
-                                       f"than {timeout:.0f} s") from None
-                time.sleep(0.2)
+    with held_file(os.path.join(directory, LOCK_FILE), timeout, 0.2, lambda: TimeoutError(
+            f"another task holds {directory}/{LOCK_FILE} for more than {timeout:.0f} s")):
         yield
-    finally:
-        os.close(fd)

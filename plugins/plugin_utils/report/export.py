@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections import Counter
 
 # Controller requirements (requirements.txt), guarded like data.py's: bench_report names what is
 # missing instead of failing to load.
@@ -27,9 +26,6 @@ except ImportError:  # pragma: no cover - checked by the action plugin
     pd = None
 
 from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_text
-from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
-    finite_number as _number,
-)
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     FIELD,
     FIELDS,
@@ -39,6 +35,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
     KIND_STR,
     ROW_COLUMNS,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.describing import describe
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.peer_export import peer_files
 
 LEVELS_JSON = "levels.json"
@@ -77,45 +74,6 @@ REQUEST_COLUMNS = (
 
 _PANDAS = {KIND_INT: "Int64", KIND_FLOAT: "float64", KIND_BOOL: "boolean", KIND_STR: "string"}
 _JSON = {KIND_INT: "integer", KIND_FLOAT: "number", KIND_BOOL: "boolean", KIND_STR: "string"}
-
-
-def _text(value):
-    return None if value in (None, "") else str(value)
-
-
-def describe(manifest: dict, run_id: str) -> dict:
-    """(host, profile) -> the describing columns, from the manifest ('*' host: every host)."""
-    hosts = manifest.get("hosts") if isinstance(manifest.get("hosts"), dict) else {}
-    gpus: dict = {}
-    settings: dict = {}
-    for host, info in hosts.items():
-        info = info if isinstance(info, dict) else {}
-        facts = info.get("gpu_facts") if isinstance(info.get("gpu_facts"), dict) else {}
-        found = [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
-        names = Counter(str(g.get("name") or "GPU") for g in found)
-        gpus[str(host)] = (names.most_common(1)[0][0] if names else None,
-                           len(found) if isinstance(facts.get("gpus"), list) else None)
-        settings[str(host)] = info.get("bench") if isinstance(info.get("bench"), dict) else {}
-    out: dict = {}
-    profiles = manifest.get("profiles") if isinstance(manifest.get("profiles"), dict) else {}
-    for profile, by_host in profiles.items():
-        if not isinstance(by_host, dict):
-            continue
-        for host, raw in by_host.items():
-            if not isinstance(raw, dict):
-                continue
-            simulator = raw.get("simulator") if isinstance(raw.get("simulator"), dict) else {}
-            bench = settings.get(str(host), {})
-            out[(str(host), str(profile))] = {
-                "run_id": run_id,
-                "engine": _text(raw.get("engine") or bench.get("engine")),
-                "engine_version": _text(raw.get("engine_version") or raw.get("version")),
-                "model": _text(raw.get("model") or bench.get("model")),
-                "time_scale": _number(raw.get("time_scale", simulator.get("time_scale"))),
-                "gpu_name": gpus.get(str(host), (None, None))[0],
-                "gpu_count": gpus.get(str(host), (None, None))[1],
-            }
-    return out
 
 
 # Free-text columns that may quote what a server echoed.

@@ -28,6 +28,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
     finite_number as _number,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.describing import describe
 
 PEER_DIR = "vllm_sweep"
 SUMMARY_JSON = "summary.json"
@@ -135,8 +136,6 @@ def peer_files(rows: list, request_files: list, manifest: dict, run_id: str) -> 
     (deterministic bytes: a rebuild of the same run writes nothing new). `request_files` is not
     read: vLLM's plotters read the level figures only."""
     del request_files
-    from ansible_collections.servelab.serving.plugins.plugin_utils.report.export import describe
-
     known = describe(manifest if isinstance(manifest, dict) else {}, run_id)
     records: dict = {}
     for row in sorted(rows, key=row_repeat):

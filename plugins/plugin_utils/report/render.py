@@ -44,6 +44,9 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.context im
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.interruption import (
     lines as interruption_lines,
 )
+# Table lives in the leaf report/table.py (the progress callback and the benchmarks use it too);
+# imported here as render.Table, the name the report modules use.
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: F401
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.schedule import (
     derived_lines,
     derived_rows,
@@ -63,13 +66,6 @@ PLOT_TITLES = {
     "fleet.png": "Fleet: output tok/s per host, and summed over the hosts",
     "comparison.png": "Change against the earlier run",
 }
-
-
-@dataclass
-class Table:
-    headers: list
-    rows: list  # lists of str, one per header
-    footnotes: list = field(default_factory=list)
 
 
 @dataclass
@@ -278,29 +274,12 @@ def rate_table(content: ReportContent) -> Table | None:
     )
 
 
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def to_markdown(table: Table) -> str:
-    lines = [
-        "| " + " | ".join(_md_cell(h) for h in table.headers) + " |",
-        "|" + "|".join("---" for _item in table.headers) + "|",
-    ]
-    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
-    if table.footnotes:
-        lines += [""] + list(table.footnotes)
-    return "\n".join(lines)
+    return table.to_markdown()
 
 
 def to_html(table: Table) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in table.headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-        for row in table.rows
-    )
-    notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in table.footnotes)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}"
+    return table.to_html()
 
 
 def crossover_lines(content: ReportContent) -> list:
