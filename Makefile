@@ -10,7 +10,7 @@ STAMP := $(VENV)/.servelab-stamp
 COLL_STAMP := collections/.servelab-stamp
 LINT_STAMP := $(VENV)/.servelab-lint-stamp
 
-.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint clean
+.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint docs-plugins changelog clean
 bench: setup
 	ansible-playbook bench.yml $(ARGS)
 
@@ -64,14 +64,27 @@ gpu-test: test-gpu
 
 setup: $(STAMP) $(COLL_STAMP)
 
-# Lint: ruff (pyproject.toml [tool.ruff]), ansible-lint, and ansible-test sanity on a copy of the
-# collection (tools/sanity.py; ignores in tests/sanity/ignore-2.19.txt, each with its reason).
+# Lint: ruff (pyproject.toml [tool.ruff]), the changelog (antsibull-changelog lint), ansible-lint,
+# and ansible-test sanity on a copy of the collection (tools/sanity.py; ignores in
+# tests/sanity/ignore-2.19.txt, each with its reason).
 # The lint tools are pinned in requirements-lint.txt, installed into .venv under requirements.txt's
 # pins (ansible-core stays 2.19.14); ansible-test builds its own sanity tools' environments.
 lint: setup $(LINT_STAMP)
 	ruff check .
+	antsibull-changelog lint
 	ansible-lint -c .ansible-lint
 	python tools/sanity.py
+
+# docs/plugins/: every module's and callback's ansible-doc as Markdown (tools/gen_plugin_docs.py;
+# tests/unit/test_plugin_docs.py fails when it is stale). Separate from `docs`, which may depend on it.
+docs-plugins: setup
+	python tools/gen_plugin_docs.py
+
+# CHANGELOG.md from changelogs/changelog.yaml and the unreleased fragments (antsibull-changelog,
+# pinned in requirements-lint.txt). A release: `antsibull-changelog release --version X.Y.Z`.
+changelog: setup $(LINT_STAMP)
+	antsibull-changelog lint
+	antsibull-changelog generate
 
 $(LINT_STAMP): requirements-lint.txt requirements.txt $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt -c requirements.txt

@@ -37,7 +37,8 @@ NAMESPACE, NAME = "servelab", "serving"
 PYTHON_VERSION = "3.11"
 
 # ansible-test's default set, less the tests that do not apply to this collection:
-# - changelog: servelab keeps no changelogs/ fragments (the git history is its changelog).
+# - changelog: `make lint` runs `antsibull-changelog lint` on changelogs/ itself, with the version
+#   pinned in requirements-lint.txt (ansible-test's would build an environment of its own for it).
 # - pslint: no PowerShell (it would skip itself anyway; listed so the choice is visible).
 SKIP = ["changelog", "pslint"]
 

@@ -54,7 +54,7 @@ options:
     default: simulator
   profile:
     description:
-      - The serving profile (see docs/contracts.md). Keys C(name), C(base) (a built-in profile to
+      - The serving profile (see docs/plugin-notes.md, llm_server). Keys C(name), C(base) (a built-in profile to
         start from - C(baseline), C(eagle3), C(eagle3_v2)), C(model), C(served_model_name), C(tp),
         C(speculative) (C(algorithm), C(draft_model_path), C(num_steps), C(eagle_topk),
         C(num_draft_tokens)), C(spec_v2), C(flashinfer_allreduce_fusion) (true or a backend

@@ -33,7 +33,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
     FAILED,
 )
 
-# The manifest status of a profile that ran to its end (docs/contracts.md, bench_manifest).
+# The manifest status of a profile that ran to its end (docs/plugin-notes.md, bench_manifest).
 FINISHED = "finished"
 # Command-line flags that switch speculative decoding on (SGLang, vLLM).
 SPECULATIVE_FLAGS = ("--speculative-algorithm", "--speculative-config", "--speculative-model",

@@ -2,7 +2,7 @@
 server command lines, skipped features, failed profiles, GPUs.
 
 The manifest is written by many tasks (bench_manifest); its per-profile records live under
-`profiles.<profile>.<host>` (see docs/contracts.md). A flat `profiles.<profile>` record (no host
+`profiles.<profile>.<host>` (docs/results.md, the results contract). A flat `profiles.<profile>` record (no host
 level) is accepted too and applies to every host. Nothing here fails on an odd manifest: missing
 or malformed parts are simply not reported.
 
