@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils import netstamp
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen import http
+from ansible_collections.servelab.serving.plugins.module_utils.simulator import listener
 
 NOW_REALTIME = 1_700_000_000 * netstamp.NS_PER_S
 NOW_MONOTONIC = 5_000 * netstamp.NS_PER_S
@@ -53,7 +54,8 @@ def test_the_wall_offset_moves_a_monotonic_time_onto_the_wall_clock():
 
 
 def test_the_load_generator_and_the_simulator_convert_with_netstamp():
-    """One conversion: loadgen's transport uses these functions (no
+    """One conversion: loadgen's transport and the simulator's sockets use these functions (no
     second copy to drift)."""
     assert http.stamp_from_ancdata is netstamp.stamp_from_ancdata
     assert http.kernel_stamps_possible is netstamp.kernel_stamps_possible
+    assert listener.netstamp is netstamp
