@@ -151,7 +151,7 @@ def main(argv=None):
             cpu = cpu_seconds(srv.pid) - cpu0
         live, count = truth_window(truth, args.concurrency)
     pred = predict_level(args.profile, args.concurrency, args.prompt_tokens,
-                             args.output_tokens, time_scale=args.time_scale)
+                         args.output_tokens, time_scale=args.time_scale)
     if live is None:
         print(f"only {count} requests finished: too few for a window; raise --seconds")
         return 1

@@ -136,7 +136,7 @@ def test_bench_playbook_end_to_end_and_crossover_matches_the_model(tmp_path):
     # same settings: same levels, the prompt length the server really counted, same time scale.
     prompt_tokens = round(statistics.mean(q["prompt_tokens"] for q in reqs if not q["error"]))
     predicted = predict_crossover("baseline", SPEC, LEVELS, prompt_tokens,
-                                            OUTPUT_TOKENS, time_scale=TIME_SCALE)
+                                  OUTPUT_TOKENS, time_scale=TIME_SCALE)
     assert predicted is not None, "the model predicts no crossover for these settings"
     report = _report_result(r)
     assert report["crossover"]["eagle3"]["localhost"] == predicted

@@ -163,8 +163,8 @@ def _children(pid):
 
 
 @pytest.mark.parametrize("script", [SCRIPT_NAME, LEGACY_SCRIPT_NAME], ids=["zipapp", "legacy-py"])
-def test_reap_with_the_inventory_pattern_spares_tail_and_the_shell_and_kills_its_child(tmp_path,
-                                                                                      script):
+def test_reap_with_the_inventory_pattern_spares_tail_and_the_shell_and_kills_its_child(
+        tmp_path, script):
     state = tmp_path / "state"
     sleeper = "import time\ntime.sleep(600)\n"
     for name in ("servelab-child", "servelab-baseline"):

@@ -66,7 +66,7 @@ PINNED = [
 
 @pytest.mark.parametrize("profile, c, tok_s, ttft_ms, queued", PINNED)
 def test_predictions_are_unchanged_and_admit_through_the_rule(monkeypatch, profile, c, tok_s,
-                                                               ttft_ms, queued):
+                                                              ttft_ms, queued):
     calls = []
 
     def spy(*args, **kw):

@@ -81,7 +81,7 @@ def test_dynamic_settings_are_checked():
         resolve_profile({"profile": "eagle3_dynamic", "spec_dynamic": "sometimes"})
     with pytest.raises(SimError, match="needs a speculative profile"):
         resolve_profile({"profile": "baseline", "spec_dynamic": "threshold",
-                             "spec_max_batch": 3, "spec_off_step_base_ms": 5})
+                         "spec_max_batch": 3, "spec_off_step_base_ms": 5})
     with pytest.raises(SimError, match="spec_max_batch >= 1"):
         resolve_profile({"profile": "eagle3_dynamic", "spec_max_batch": 0})
     with pytest.raises(SimError, match="step_scale"):

@@ -174,7 +174,7 @@ def test_bad_prediction_input_names_the_field(args, word):
 
 def test_mapping_settings_accept_llm_server_style_keys():
     p, ts = resolve_profile({"profile": "eagle3", "time_scale": "10", "max-running": "8",
-                                 "seed": 3, "truth_log": "/tmp/x"})
+                             "seed": 3, "truth_log": "/tmp/x"})
     assert (p.name, p.max_running, ts) == ("eagle3", 8, 10.0)
     with pytest.raises(SimError, match="time_scale"):
         resolve_profile({"profile": "eagle3", "time_scale": 0})
@@ -220,8 +220,8 @@ def test_cli_rejects_bad_settings_before_listening(argv, word, capsys):
 
 def test_cli_overrides_reach_the_profile():
     cfg, _args = config_from_args(["--profile", "fixed", "--step-ms", "5", "--ttft-ms", "7",
-                                       "--tokens-per-chunk", "3", "--time-scale", "2.5",
-                                       "--port", "0", "--seed", "9"])
+                                   "--tokens-per-chunk", "3", "--time-scale", "2.5",
+                                   "--port", "0", "--seed", "9"])
     assert (cfg.profile.step_ms, cfg.profile.ttft_ms, cfg.profile.tokens_per_chunk) == (5, 7, 3)
     assert (cfg.time_scale, cfg.port, cfg.seed) == (2.5, 0, 9)
     cfg, _args = config_from_args(["--profile", "eagle3", "--speculative", "false"])

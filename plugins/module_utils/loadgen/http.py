@@ -35,11 +35,11 @@ import time
 from typing import Callable, List, Optional
 from urllib.parse import urlsplit
 
-from ansible_collections.servelab.serving.plugins.module_utils.netstamp import (
-    ANCILLARY, enable_rx_stamps, kernel_stamps_possible, stamp_from_ancdata,
-)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     RequestTiming, TOKENS_CHUNKS, TOKENS_SERVER,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.netstamp import (
+    ANCILLARY, enable_rx_stamps, kernel_stamps_possible, stamp_from_ancdata,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import RX_KERNEL, RX_USER
 
