@@ -1,6 +1,6 @@
 """How accurate, how cheap and how fast is servelab's load generator? (prints figures; no asserts)
 
-Against the simulator (plugins/module_utils/simulator.py), which logs when it really
+Against the simulator (plugins/module_utils/simulator/), which logs when it really
 received every request and emitted every chunk (server CLOCK_MONOTONIC, the same clock as the
 client's on one machine), it measures:
 

@@ -1,7 +1,7 @@
 """Measurement at the limit (issue 17): llm_bench's figures beside the raw-socket floor and the truth.
 
 A 2-core machine with the server and the client sharing it. The server is the simulator
-(plugins/module_utils/simulator.py) with its truth log: when it received every request and
+(plugins/module_utils/simulator/) with its truth log: when it received every request and
 emitted every chunk, on the client's clock (CLOCK_MONOTONIC, one machine). Prints, with no
 asserts, figures and a verdict per target (ok / MISS):
 

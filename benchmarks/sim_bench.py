@@ -23,7 +23,15 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import collection_link  # noqa: E402
 collection_link.importable()
-from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.predictor import (  # noqa: E402
+    predict_level,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (  # noqa: E402
+    DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.tokens import (  # noqa: E402
+    text_for_prompt_tokens,
+)
 from simproc import ServerProcess, ServerStartError  # noqa: E402
 
 
@@ -80,7 +88,7 @@ async def firehose(port, streams, seconds, max_tokens):
 
 async def closed_loop(port, concurrency, prompt_tokens, output_tokens, seconds):
     """C clients, each sending its next request when the last finished, for `seconds`."""
-    prompt = sim.text_for_prompt_tokens(prompt_tokens)
+    prompt = text_for_prompt_tokens(prompt_tokens)
     stop = time.monotonic() + seconds
 
     async def worker():
@@ -118,8 +126,8 @@ def main(argv=None):
     ap.add_argument("--profile", default="eagle3")
     ap.add_argument("--concurrency", type=int, default=250)
     ap.add_argument("--time-scale", type=float, default=50.0)
-    ap.add_argument("--prompt-tokens", type=int, default=sim.DEFAULT_PROMPT_TOKENS)
-    ap.add_argument("--output-tokens", type=int, default=sim.DEFAULT_OUTPUT_TOKENS)
+    ap.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS)
+    ap.add_argument("--output-tokens", type=int, default=DEFAULT_OUTPUT_TOKENS)
     args = ap.parse_args(argv)
     if args.what == "firehose":
         with start_server("--profile", "firehose", "--firehose-events-per-write",
@@ -142,8 +150,8 @@ def main(argv=None):
                                     args.output_tokens, args.seconds))
             cpu = cpu_seconds(srv.pid) - cpu0
         live, count = truth_window(truth, args.concurrency)
-    pred = sim.predict_level(args.profile, args.concurrency, args.prompt_tokens,
-                             args.output_tokens, time_scale=args.time_scale)
+    pred = predict_level(args.profile, args.concurrency, args.prompt_tokens,
+                         args.output_tokens, time_scale=args.time_scale)
     if live is None:
         print(f"only {count} requests finished: too few for a window; raise --seconds")
         return 1

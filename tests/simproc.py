@@ -8,7 +8,9 @@ on machines without Ansible or pytest).
         srv.stop()                  # the truth log is complete once the server has exited
         records = srv.truth_records()
 
-Another script: ServerProcess(..., script=path). Only `--port 0` (and `--truth-log PATH` when
+The simulator runs as the zipapp llm_server ships (simulator_script(); the collection must be
+importable, as tools/collection_link.importable() makes it). Another script:
+ServerProcess(..., script=path). Only `--port 0` (and `--truth-log PATH` when
 truth_log is given) are added to the command; everything else is the caller's arguments.
 """
 from __future__ import annotations
@@ -24,11 +26,21 @@ import time
 from typing import List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
 
 # `servelab-simulator listening on http://127.0.0.1:PORT`, `fakeserver listening on ...`
 LISTENING = re.compile(r"listening on (http://\S+:(\d+))\s*$")
 OUTPUT_TAIL_LINES = 40
+
+
+def simulator_script() -> str:
+    """The simulator as llm_server ships it: the checkout's zipapp (server/simulator_file.py),
+    written once per content under the temp dir, so every test runs what a target runs."""
+    import tempfile
+    from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file
+    archive = simulator_file.simulator_archive()
+    directory = os.path.join(tempfile.gettempdir(), "servelab-simproc-%d" % os.getuid(),
+                             simulator_file.digest(archive))
+    return simulator_file.materialise(directory, archive)[0]
 
 
 class ServerStartError(RuntimeError):
@@ -39,8 +51,9 @@ class ServerProcess:
     """Starts the server at construction and returns once it listens (or raises
     ServerStartError with the tail of its output, the process already ended)."""
 
-    def __init__(self, *args, script: str = SIMULATOR, truth_log=None,
+    def __init__(self, *args, script: Optional[str] = None, truth_log=None,
                  start_timeout: float = 60.0, stop_timeout: float = 30.0):
+        script = script or simulator_script()
         self.script = script
         self.truth_log = None if truth_log is None else str(truth_log)
         self.stop_timeout = stop_timeout

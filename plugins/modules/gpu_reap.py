@@ -59,7 +59,7 @@ options:
       - Regular expressions searched in what each process executes and in its kernel name -
         its program, a Python interpreter's script or C(-m) module with the script's
         subcommand, a shell's script, a setproctitle title (C(sglang::scheduler_TP0)). Not in
-        the rest of its arguments - C(tail -f .../servelab_simulator.py), an editor on a
+        the rest of its arguments - C(tail -f .../servelab_simulator.pyz), an editor on a
         server's file, or the C(bash -c "python server.py; sleep 900") around a server (its
         python child matches) only name it, and are listed in RV(spared) as bystanders.
       - The default matches SGLang (C(^sglang::), C(-m sglang.launch_server), C(sglang serve)) and

@@ -20,8 +20,9 @@ description:
     port is free.
   - Log lines saying a requested feature was skipped (for example SGLang's
     "Skipping allreduce fusion") are returned in C(features_skipped), because a flag is not proof.
-  - The simulator engine runs C(plugins/module_utils/simulator.py), shipped with this
-    module and written to C(<state_dir>/<name>/servelab_simulator.py).
+  - The simulator engine runs the package C(plugins/module_utils/simulator/), shipped with this
+    module and written as one zipapp to C(<state_dir>/<name>/servelab_simulator.pyz) (rewritten
+    only when its content changes).
   - Secrets reach the server and nothing else. Values of env keys that name a secret (SECRET,
     PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S) or APIKEY as a word, unless a later word is PATH,
     FILE, MAP, ...; or a last word KEY, TOKEN, AUTH, PASS, as in C(HF_TOKEN), C(OPENAI_API_KEY)),
@@ -342,8 +343,9 @@ stopped:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-# server_manager imports server_simulator, which imports servelab/simulator.py: AnsiballZ follows
-# module_utils imports recursively, so the simulator ships with this module.
+# server_manager imports server/simulator_file.py, which imports every module of the simulator
+# package (and netstamp): AnsiballZ follows module_utils imports recursively, so the simulator
+# ships with this module.
 from ansible_collections.servelab.serving.plugins.module_utils import redact
 from ansible_collections.servelab.serving.plugins.module_utils.server.manager import (
     ServerError,

@@ -21,7 +21,10 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass, field
 
-from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (
+    DYNAMIC_SWITCH_MS, resolve_profile, SPLIT_ASSUMPTION, SPLIT_MAX_RUNNING, SPLIT_STEP_SCALE,
+    THRASH_SWITCH_MS,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.server import haproxy
 from ansible_collections.servelab.serving.plugins.module_utils.server.spec_schedule import (
     as_lists,
@@ -117,13 +120,13 @@ def derive_schedule(out: Derived, engine: str, spec: dict, base: dict,
                        f" (vLLM's num_speculative_tokens_per_batch_size)")
     elif engine == "simulator":
         settings = _simulator_settings(spec)
-        off, _scale = sim.resolve_profile(_simulator_settings(base))
+        off, _scale = resolve_profile(_simulator_settings(base))
         settings.update(spec_dynamic=simulator_schedule, spec_max_batch=keep,
-                        spec_switch_ms=(sim.THRASH_SWITCH_MS if simulator_schedule == "thrash"
-                                        else sim.DYNAMIC_SWITCH_MS),
+                        spec_switch_ms=(THRASH_SWITCH_MS if simulator_schedule == "thrash"
+                                        else DYNAMIC_SWITCH_MS),
                         spec_off_step_base_ms=off.step_base_ms,
                         spec_off_step_per_req_ms=off.step_per_req_ms)
-        sim.resolve_profile(settings)      # a bad combination fails here, not at the start
+        resolve_profile(settings)      # a bad combination fails here, not at the start
         derived["simulator"] = settings
         out.setting = (f"simulator spec_dynamic {simulator_schedule}, speculation up to batch "
                        f"{keep}, {settings['spec_switch_ms']} model ms per switch (standing in "
@@ -141,13 +144,13 @@ def derive_router(out: Derived, engine: str, spec: dict, base: dict, listen_host
     if engine == "simulator":
         for half in (spec_half, base_half):
             settings = _simulator_settings(half)
-            settings.setdefault("step_scale", sim.SPLIT_STEP_SCALE)
-            settings.setdefault("max_running", sim.SPLIT_MAX_RUNNING)
-            sim.resolve_profile(settings)
+            settings.setdefault("step_scale", SPLIT_STEP_SCALE)
+            settings.setdefault("max_running", SPLIT_MAX_RUNNING)
+            resolve_profile(settings)
             half["simulator"] = settings
         split = haproxy.RouterSplit(listen_host, ports[0], ports[1], ports[2], out.max_batch)
         out.gpu_split = haproxy.gpu_split_statement(split, total_gpus or 8)
-        out.assumption = sim.SPLIT_ASSUMPTION
+        out.assumption = SPLIT_ASSUMPTION
     else:
         tp = spec.get("tp")
         half_tp, spec_ids, base_ids = _gpu_halves(tp)

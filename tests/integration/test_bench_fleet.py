@@ -108,7 +108,7 @@ def inventory(net: FleetNet, tmp_path, ports: dict) -> dict:
             # Only our simulators (both hosts' state directories), never this machine's GPUs.
             "bench_reap_device_glob": str(tmp_path / "no-gpu" / "nvidia*"),
             "bench_reap_patterns": [re.escape(str(tmp_path)) + r"/state-gpu-[ab]/servelab-[^/ ]+/"
-                                    r"servelab_simulator\.py"],
+                                    r"servelab_simulator\.pyz?"],
             "bench_reap_pattern_scope": "own",
             "bench_concurrency": LEVELS, "bench_level_seconds": 1, "bench_warmup_requests": 1,
             "bench_drain_timeout": 5, "bench_max_tokens": 32, "bench_min_latency_samples": 6,

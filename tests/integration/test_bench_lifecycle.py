@@ -163,7 +163,7 @@ def test_two_runs_with_their_own_state_dirs_and_ports_never_reap_each_other(tmp_
     # A reap pattern that matches the simulators of both runs (and nothing outside this test):
     # without the lock registry's protect_pids the second run's first reap kills the first
     # run's server mid-sweep.
-    pattern = re.escape(str(tmp_path)) + r"/[^ ]+/servelab_simulator\.py"
+    pattern = re.escape(str(tmp_path)) + r"/[^ ]+/servelab_simulator\.pyz?"
     one = settings(tmp_path, bench_run_id="run-one", bench_level_seconds=5,
                    bench_concurrency=[1, 2, 3, 4],
                    bench_state_dir=str(tmp_path / "servers-one"), bench_reap_patterns=[pattern])

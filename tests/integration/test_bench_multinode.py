@@ -19,11 +19,11 @@ import ansible_runner
 import pytest
 import yaml
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
+from simproc import simulator_script  # tests/ (conftest.py puts it on sys.path)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
 FAKE_RANK = os.path.join(REPO, "tests", "data", "sglang", "fake_multinode_rank.py")
-SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_ranks_start_in_order_serve_from_rank_0_and_stop_together(tmp_path):
         "name": "pair", "engine": "command", "nodes": {"group": "pair", "nnodes": 2},
         "command": ["{python}", FAKE_RANK, "--host", "{host}", "--port", "{port}",
                     "--node-rank", "{node_rank}", "--nnodes", "{nnodes}", "--dist-init-addr", "{dist_init_addr}",
-                    "--events", events_file, "--simulator", SIMULATOR,
+                    "--events", events_file, "--simulator", simulator_script(),
                     "--profile", "baseline", "--time-scale", "10", "--model-name", "{model}"],
     }
     extravars = {

@@ -15,7 +15,9 @@ import statistics
 import ansible_runner
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils import simulator
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.predictor import (
+    predict_crossover,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -133,8 +135,8 @@ def test_bench_playbook_end_to_end_and_crossover_matches_the_model(tmp_path):
     # The crossover the report found must be the one the simulator's model predicts for the
     # same settings: same levels, the prompt length the server really counted, same time scale.
     prompt_tokens = round(statistics.mean(q["prompt_tokens"] for q in reqs if not q["error"]))
-    predicted = simulator.predict_crossover("baseline", SPEC, LEVELS, prompt_tokens,
-                                            OUTPUT_TOKENS, time_scale=TIME_SCALE)
+    predicted = predict_crossover("baseline", SPEC, LEVELS, prompt_tokens,
+                                  OUTPUT_TOKENS, time_scale=TIME_SCALE)
     assert predicted is not None, "the model predicts no crossover for these settings"
     report = _report_result(r)
     assert report["crossover"]["eagle3"]["localhost"] == predicted

@@ -234,7 +234,8 @@ def test_tarball_is_small_and_holds_no_environment_or_heavy_module_utils(tarball
         names = tar.getnames()
         for must in ("MANIFEST.json", "FILES.json", "meta/runtime.yml",
                      "plugins/modules/llm_server.py", "plugins/modules/llm_bench.py",
-                     "plugins/action/llm_bench.py", "plugins/module_utils/simulator.py",
+                     "plugins/action/llm_bench.py", "plugins/module_utils/simulator/server.py",
+                     "plugins/module_utils/simulator/__init__.py", "plugins/module_utils/netstamp.py",
                      "plugins/module_utils/results/contract.py", "roles/bench/tasks/main.yml"):
             assert must in names, must
         forbidden = [n for n in names if n.split("/")[0] in FORBIDDEN_TOP
@@ -290,7 +291,7 @@ def test_installed_collection_runs_a_sweep_from_outside_the_checkout(tmp_path, t
         results = json.loads(out.read_text())
         server, sweep, stopped = results["server"], results["sweep"], results["stopped"]
         assert server["changed"] is True and server["action"] == "started"
-        assert server["cmd"][1] == str(state_dir / SERVER_NAME / "servelab_simulator.py")
+        assert server["cmd"][1] == str(state_dir / SERVER_NAME / "servelab_simulator.pyz")
         assert [lv["concurrency"] for lv in sweep["levels"]] == [1, 2]
         assert stopped["action"] == "stopped" and stopped["stopped"]["port_free"] is True
         assert server["pid"] in [k["pid"] for k in stopped["stopped"]["killed"]]

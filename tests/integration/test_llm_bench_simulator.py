@@ -1,4 +1,4 @@
-"""llm_bench figures held against the simulator's truth (servelab/simulator.py).
+"""llm_bench figures held against the simulator's truth (module_utils/simulator/).
 
 The simulator logs, per request, when it received it and when it emitted every chunk and how many
 tokens each carried (CLOCK_MONOTONIC, the client's clock too). These tests recompute the figures
@@ -23,7 +23,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads
 from simproc import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
+SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SIMULATOR), reason="simulator not present")
 

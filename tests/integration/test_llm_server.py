@@ -17,6 +17,7 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import read_process
 from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports, state as server_state
+from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file
 from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerError, ServerRequest, run
 
 # The fast tier (make test) runs this module too: see pyproject.toml's markers.
@@ -256,26 +257,28 @@ def test_env_is_passed_and_recorded(lab):
     assert b"CUDA_HOME=/usr/local/cuda-13.0" in environ and b"PROFILE_VAR=p" in environ
 
 
-def test_simulator_engine_runs_the_materialised_source(lab):
-    """A stand-in source (the fake server) until plugins/module_utils/simulator.py is
-    the thing shipped; the mechanism is the same."""
+def test_simulator_engine_runs_the_materialised_zipapp(lab):
+    """A stand-in zipapp (the fake server as its __main__.py) in place of the simulator's: the
+    mechanism is the same (tests/unit/test_simulator_file.py runs the real one)."""
     name, port = unique("sim"), free_port()
     source = open(FAKE).read()
+    archive = simulator_file.build_archive({"__main__.py": source})
     profile = {"base": "eagle3", "tp": 8, "simulator": {"profile": "eagle3", "time_scale": 20}}
     result = lab.run(name, engine="simulator", port=port, profile=profile,
-                     simulator_source=source)
-    script = os.path.join(lab.state_dir, name, "servelab_simulator.py")
-    assert open(script).read() == source
+                     simulator_archive=archive)
+    script = os.path.join(lab.state_dir, name, "servelab_simulator.pyz")
+    assert open(script, "rb").read() == archive
     assert result.cmd[:2] == [sys.executable, script]
     assert {"--profile", "eagle3", "--time-scale", "20"} <= set(result.cmd)
     assert set(result.ignored_keys) == {"tp", "speculative", "enable_metrics"}
     assert "generated /health_generate" in open(result.log_path).read()
 
-    same = lab.run(name, engine="simulator", port=port, profile=profile, simulator_source=source)
+    same = lab.run(name, engine="simulator", port=port, profile=profile, simulator_archive=archive)
     assert same.changed is False
+    newer_archive = simulator_file.build_archive({"__main__.py": source + "\n# a newer simulator\n"})
     newer = lab.run(name, engine="simulator", port=port, profile=profile,
-                    simulator_source=source + "\n# a newer simulator\n")
-    assert newer.action == "restarted" and open(script).read().endswith("# a newer simulator\n")
+                    simulator_archive=newer_archive)
+    assert newer.action == "restarted" and open(script, "rb").read() == newer_archive
 
 
 FAKE_SGLANG_FLAGS = ("--model-path", "--host", "--port", "--tp-size", "--speculative-algorithm",

@@ -16,13 +16,14 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime, tree as proc_tree
 from ansible_collections.servelab.serving.plugins.module_utils.server import state as server_state
+from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file
 
 # The fast tier (make test) runs this module too: see pyproject.toml's markers.
 pytestmark = pytest.mark.core
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE = os.path.join(REPO, "tests", "data", "sglang", "fake_openai_server.py")
-SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator.py")
+SIMULATOR = os.path.join(REPO, "plugins", "module_utils", "simulator")
 
 PLAYBOOK = """
 - hosts: localhost
@@ -162,7 +163,7 @@ SIM_PLAYBOOK = """
 
 
 @pytest.mark.skipif(not os.path.exists(SIMULATOR),
-                    reason="plugins/module_utils/simulator.py is not in this checkout yet")
+                    reason="plugins/module_utils/simulator/ is not in this checkout yet")
 def test_simulator_is_shipped_by_ansiballz_and_runs(tmp_path, cleanup):
     state_dir, names = cleanup
     name = f"sim-{uuid.uuid4().hex[:8]}"
@@ -174,7 +175,9 @@ def test_simulator_is_shipped_by_ansiballz_and_runs(tmp_path, cleanup):
     done = ansible_playbook(playbook, tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     sim = json.loads(out.read_text())
-    script = os.path.join(state_dir, name, "servelab_simulator.py")
+    script = os.path.join(state_dir, name, "servelab_simulator.pyz")
     assert sim["changed"] is True and sim["cmd"][1] == script
-    with open(SIMULATOR, encoding="utf-8") as fh:
-        assert open(script, encoding="utf-8").read() == fh.read()
+    # What AnsiballZ shipped and the module packed is the checkout's package, byte for byte: the
+    # zipapp built here from the checkout's sources is the same file.
+    with open(script, "rb") as fh:
+        assert fh.read() == simulator_file.simulator_archive()

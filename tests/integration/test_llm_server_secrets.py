@@ -160,7 +160,7 @@ def test_the_engine_api_key_is_rendered_for_sglang_only():
     assert ARG not in vllm.cmd and any("api_key is not passed to vllm" in w
                                        for w in vllm.warnings)
     sim, _plan = build_spec(ServerRequest(name="m", engine="simulator", profile=base, api_key=ARG,
-                                          simulator_source="# stand-in\n"))
+                                          simulator_archive=b"stand-in"))
     assert ARG not in sim.cmd and any("simulator checks no API key" in n for n in sim.notes)
     with pytest.raises(ServerError, match="keep one of them"):
         build_spec(ServerRequest(name="s", engine="sglang", engine_version="0.5.23",

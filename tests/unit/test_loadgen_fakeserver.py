@@ -13,7 +13,7 @@ in `sglang:num_running_reqs` and every new request's TTFT is X ms longer). The t
 t_recv_ns, t_first_ns, t_last_ns, chunks [[t_emit_ns, tokens], ...] (CLOCK_MONOTONIC, shared with
 the client on the same machine).
 
-The simulator (plugins/module_utils/simulator.py) is the reference server for accuracy;
+The simulator (plugins/module_utils/simulator/) is the reference server for accuracy;
 this one exists to exercise protocol corners the simulator does not produce.
 """
 import argparse

@@ -98,8 +98,10 @@ def test_level_configs_one_per_level():
 def test_synthetic_input_tokens_mean_the_same_to_the_simulator():
     """`input_tokens` is honoured by the simulator's token rule (one 4-byte word per token), so
     the embedded default sends the prompt length the field fit assumes."""
-    from ansible_collections.servelab.serving.plugins.module_utils import simulator
+    from ansible_collections.servelab.serving.plugins.module_utils.simulator.tokens import (
+        prompt_tokens_for_text,
+    )
     for n in (16, 2048):
         for prompt in synthetic(input_tokens=n, output_tokens=8, count=5, seed=3).prompts:
-            counted = simulator.prompt_tokens_for_text(prompt.messages[0]["content"])
+            counted = prompt_tokens_for_text(prompt.messages[0]["content"])
             assert abs(counted - n) <= 2, (n, counted)

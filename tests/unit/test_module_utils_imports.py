@@ -40,7 +40,7 @@ def test_the_scan_sees_hidden_and_dynamic_imports():
 
 def test_module_utils_has_sources():
     names = {os.path.relpath(p, MODULE_UTILS) for p in module_utils_sources()}
-    assert "simulator.py" in names and os.path.join("results", "contract.py") in names
+    assert os.path.join("simulator", "server.py") in names and "netstamp.py" in names and os.path.join("results", "contract.py") in names
 
 
 @pytest.mark.parametrize("path", module_utils_sources(),

@@ -5,6 +5,9 @@ What was seen (issue 26): with the local inventory's pattern
 `bash -c "<python> <state_dir>/servelab-child/servelab_simulator.py; sleep 900"` and
 `tail -f <state_dir>/servelab-baseline/servelab_simulator.py` as `found_by: pattern`, and
 `--check` selected the tail too.
+
+The simulator runs as `<python> <state_dir>/<name>/servelab_simulator.pyz` (a zipapp); a server
+started by an earlier release runs `.../servelab_simulator.py` and must still be found.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_reap_helpers import wait_until  # noqa: E402
@@ -26,12 +30,26 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.select impor
     DEFAULT_PATTERNS, SelectionPolicy, compile_patterns, select_targets,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import ProcInfo  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.server.simulator_file import (  # noqa: E402
+    LEGACY_SCRIPT_NAME, SCRIPT_NAME, build_archive,
+)
 
 SELF = 900
 STATE = "/srv/results/.servers"
-SIM = STATE + "/servelab-baseline/servelab_simulator.py"
-# the local inventory's bench_reap_patterns entry, as Jinja's regex_escape renders it
-SIM_PATTERN = re.escape(STATE) + r"/servelab-[^/ ]+/servelab_simulator\.py"
+SIM = STATE + "/servelab-baseline/" + SCRIPT_NAME
+LEGACY_SIM = STATE + "/servelab-baseline/" + LEGACY_SCRIPT_NAME
+INVENTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inventory",
+                         "local", "group_vars", "all.yml")
+
+
+def inventory_sim_pattern(state_dir: str) -> str:
+    """The local inventory's bench_reap_patterns entry, as Jinja's regex_escape renders it."""
+    with open(INVENTORY, encoding="utf-8") as fh:
+        (entry,) = yaml.safe_load(fh)["bench_reap_patterns"]
+    return entry.replace("{{ bench_state_dir | regex_escape }}", re.escape(state_dir))
+
+
+SIM_PATTERN = inventory_sim_pattern(STATE)
 
 
 @pytest.mark.parametrize("cmdline, view", [
@@ -70,14 +88,23 @@ def policy(patterns, scope="own"):
                            pattern_scope=scope, owner_uid=0)
 
 
-def test_bystanders_that_name_the_simulator_are_spared_and_the_shells_child_is_taken():
+def test_the_inventory_pattern_matches_the_zipapp_and_the_legacy_script_that_run():
+    pattern = re.compile(SIM_PATTERN)
+    for script in (SIM, LEGACY_SIM):
+        assert pattern.search(executed("/usr/bin/python3 %s --port 30123" % script)), script
+        assert not pattern.search(executed("tail -f " + script)), script
+    assert not pattern.search(executed("/usr/bin/python3 %s/servelab-x/other.pyz" % STATE))
+
+
+@pytest.mark.parametrize("SIM", [SIM, LEGACY_SIM], ids=["zipapp", "legacy-py"])
+def test_bystanders_that_name_the_simulator_are_spared_and_the_shells_child_is_taken(SIM):
     t = {p.pid: p for p in BASE + (
         # a shell whose child is the real target: both in the shell's group, which it leads
         proc(100, 1, "bash -c /usr/bin/python3 %s; sleep 900" % SIM, comm="bash"),
         proc(101, 100, "/usr/bin/python3 %s --port 30123" % SIM, pgid=100, sid=100),
         proc(200, 1, "tail -f " + SIM),
         proc(201, 1, "vim " + SIM),
-        proc(202, 1, "grep servelab_simulator.py " + SIM),
+        proc(202, 1, "grep " + os.path.basename(SIM) + " " + SIM),
         proc(203, 1, "python3 -c print(1) " + SIM),
         proc(204, 1, "less " + SIM))}
     for scope in ("own", "any"):
@@ -135,14 +162,20 @@ def _children(pid):
         return []
 
 
-def test_reap_with_the_inventory_pattern_spares_tail_and_the_shell_and_kills_its_child(tmp_path):
+@pytest.mark.parametrize("script", [SCRIPT_NAME, LEGACY_SCRIPT_NAME], ids=["zipapp", "legacy-py"])
+def test_reap_with_the_inventory_pattern_spares_tail_and_the_shell_and_kills_its_child(
+        tmp_path, script):
     state = tmp_path / "state"
+    sleeper = "import time\ntime.sleep(600)\n"
     for name in ("servelab-child", "servelab-baseline"):
         (state / name).mkdir(parents=True)
-        (state / name / "servelab_simulator.py").write_text("import time\ntime.sleep(600)\n")
-    child_sim = str(state / "servelab-child" / "servelab_simulator.py")
-    tail_sim = str(state / "servelab-baseline" / "servelab_simulator.py")
-    pattern = re.escape(str(state)) + r"/servelab-[^/ ]+/servelab_simulator\.py"
+        if script == SCRIPT_NAME:        # a real zipapp, run as llm_server runs the simulator's
+            (state / name / script).write_bytes(build_archive({"__main__.py": sleeper}))
+        else:                            # a server an earlier release started
+            (state / name / script).write_text(sleeper)
+    child_sim = str(state / "servelab-child" / script)
+    tail_sim = str(state / "servelab-baseline" / script)
+    pattern = inventory_sim_pattern(str(state))
     devdir = tmp_path / "no-gpu"
     devdir.mkdir()
     popens = []

@@ -1,7 +1,7 @@
 """The report's verdict on a derived profile (report/schedule.py): reached the envelope within the
 CIs, its share of the envelope per level, and the collapse flag.
 
-The levels are the simulator's predictions (module_utils/simulator.py's discrete-event model) for
+The levels are the simulator's predictions (module_utils/simulator/predictor.py's discrete-event model) for
 the two static profiles and the derived one, with a 2 % CI: the pathological schedule
 (eagle3_thrash) must be flagged, the healthy one (eagle3_dynamic) must not. ~3 s.
 """
@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.predictor import (
+    predict_level,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (
+    SPLIT_ASSUMPTION,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report, write_report
 
@@ -23,7 +28,7 @@ def predicted_rows(derived_sim_profile, derived_name):
     for c in LEVELS:
         for name, sim_profile in (("baseline", "baseline"), ("eagle3", "eagle3"),
                                   (derived_name, derived_sim_profile)):
-            tok_s = sim.predict_level(sim_profile, c).output_tok_s
+            tok_s = predict_level(sim_profile, c).output_tok_s
             rows.append(row(name, c, tok_s, output_tok_s_ci95=0.02 * tok_s))
     return rows
 
@@ -75,7 +80,7 @@ def test_the_report_states_the_split_assumption_and_draws_the_envelope(tmp_path)
     rows = predicted_rows("eagle3_dynamic", "eagle3_router")
     report_of(tmp_path, rows, manifest_for(
         "eagle3_router", kind="router", gpu_split="4 GPUs speculative, 4 GPUs baseline",
-        assumption=sim.SPLIT_ASSUMPTION, setting="use_backend spec if { be_conn(spec) lt 3 }"))
+        assumption=SPLIT_ASSUMPTION, setting="use_backend spec if { be_conn(spec) lt 3 }"))
     report = build_report(str(tmp_path), with_plots=True)
     write_report(report)
     summary = (tmp_path / "summary.md").read_text()

@@ -209,15 +209,15 @@ def test_versions_outside_the_checked_range_warn():
     assert any("pre-release" in w for w in render("sglang", raw, "0.5.20rc1").warnings)
 
 
-SIMULATOR = os.path.join(os.path.dirname(__file__), "..", "..", "plugins", "module_utils",
-                         "simulator.py")
+SIMULATOR_CLI = os.path.join(os.path.dirname(__file__), "..", "..", "plugins", "module_utils",
+                             "simulator", "cli.py")
 
 
 def test_rendered_simulator_flags_are_the_simulators_own():
     from ansible_collections.servelab.serving.plugins.module_utils.server.argdefs import argdefs_from_sources, flags_in
     from ansible_collections.servelab.serving.plugins.module_utils.server.render import SIMULATOR_FLAGS
-    with open(SIMULATOR, encoding="utf-8") as fh:
-        defined = argdefs_from_sources([("simulator.py", fh.read())])
+    with open(SIMULATOR_CLI, encoding="utf-8") as fh:
+        defined = argdefs_from_sources([("cli.py", fh.read())])
     raw = {"name": "all", "simulator": {key: "1" for key in SIMULATOR_FLAGS}}
     rendered = flags_in(render("simulator", raw).cmd)
     assert set(rendered) == {"--host", "--port", "--model-name"} | set(SIMULATOR_FLAGS.values())

@@ -12,7 +12,7 @@ def test_a_server_that_exits_at_start_raises_with_its_output(tmp_path):
     with pytest.raises(ServerStartError) as info:
         ServerProcess("--profile", "no-such-profile", truth_log=tmp_path / "truth.jsonl")
     message = str(info.value)
-    assert "simulator.py exited with status 2" in message
+    assert "servelab_simulator.pyz exited with status 2" in message
     assert "no-such-profile" in message               # argparse's complaint, from its stderr
 
 

@@ -1,4 +1,4 @@
-"""The simulator server, run as the target runs it: `python3 simulator.py --port 0 ...` in a child
+"""The simulator server, run as the target runs it: `python3 servelab_simulator.pyz --port 0 ...` in a child
 process on 127.0.0.1, ended by PID in a finally block. Clients are the standard library's.
 
 Timing assertions here check the model's correctness (gaps equal the configured step, queueing,
@@ -17,7 +17,22 @@ import time
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.listener import (
+    _StampedSocket, stamping_listener,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.netstamp import (
+    kernel_stamps_possible, SO_TIMESTAMPNS,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.predictor import (
+    predict_level,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (
+    BYTES_PER_TOKEN, DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, EXIT_DIE_AFTER, PROFILES,
+    VERSION,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.tokens import (
+    text_for_prompt_tokens,
+)
 from simproc import ServerProcess
 
 
@@ -90,10 +105,10 @@ def test_info_endpoints(start_sim):
     assert call(srv.port, "GET", "/health")[0] == 200
     status, _headers, info = call(srv.port, "GET", "/server_info")
     assert info["profile"] == "eagle3" and info["time_scale"] == 50.0
-    assert info["version"] == sim.VERSION and info["speculative_algorithm"] == "EAGLE3"
-    assert info["profile_params"]["step_per_req_ms"] == sim.PROFILES["eagle3"].step_per_req_ms
-    assert info["default_workload"] == {"prompt_tokens": sim.DEFAULT_PROMPT_TOKENS,
-                                        "output_tokens": sim.DEFAULT_OUTPUT_TOKENS}
+    assert info["version"] == VERSION and info["speculative_algorithm"] == "EAGLE3"
+    assert info["profile_params"]["step_per_req_ms"] == PROFILES["eagle3"].step_per_req_ms
+    assert info["default_workload"] == {"prompt_tokens": DEFAULT_PROMPT_TOKENS,
+                                        "output_tokens": DEFAULT_OUTPUT_TOKENS}
     stream(srv.port, "/v1/completions", {"prompt": "abcdefgh", "max_tokens": 9,
                                          "ignore_eos": True})
     status, headers, text = call(srv.port, "GET", "/metrics")
@@ -123,7 +138,7 @@ def test_chat_stream_with_usage_and_done(start_sim):
     chunks = payloads(events)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-    assert len(text.encode()) == 7 * sim.BYTES_PER_TOKEN
+    assert len(text.encode()) == 7 * BYTES_PER_TOKEN
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     assert finish[-1] == "length" and set(finish[:-1]) == {None}
     usage = chunks[-1]["usage"]
@@ -290,7 +305,7 @@ def test_speculative_profile_emits_multi_token_chunks(start_sim):
                                                            "ignore_eos": True})
     (r,) = srv.truth_records(1)
     assert sum(r["chunk_tokens"]) == 60 and r["chunk_tokens"][0] == 1
-    p = sim.PROFILES["eagle3"]
+    p = PROFILES["eagle3"]
     assert max(r["chunk_tokens"]) > 1 and max(r["chunk_tokens"]) <= p.spec_num_steps + 1
     assert r["spec_verify_ct"] == len(r["chunk_tokens"]) - 1
     texts = [c["choices"][0]["text"] for c in payloads(events) if c["choices"]]
@@ -403,7 +418,7 @@ def test_client_disconnect_is_recorded_and_server_keeps_serving(start_sim):
     assert call(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
 
 
-@pytest.mark.skipif(not sim.kernel_rx_stamps_possible(), reason="kernel receive stamps: Linux")
+@pytest.mark.skipif(not kernel_stamps_possible(), reason="kernel receive stamps: Linux")
 def test_truth_t_arrive_is_the_kernel_arrival_not_the_late_read(start_sim):
     """A request that reaches a server whose loop cannot run (stopped here) is read late: its
     t_recv_ns is the late read, its t_arrive_ns the kernel's stamp of the arrival, which a
@@ -433,21 +448,21 @@ def test_truth_t_arrive_is_the_kernel_arrival_not_the_late_read(start_sim):
     assert r["t_recv_ns"] - r["t_arrive_ns"] >= 250_000_000, r
 
 
-@pytest.mark.skipif(not sim.kernel_rx_stamps_possible(), reason="kernel receive stamps: Linux")
+@pytest.mark.skipif(not kernel_stamps_possible(), reason="kernel receive stamps: Linux")
 def test_the_stamping_listener_hands_out_tcp_sockets_without_nagle():
     """asyncio sets TCP_NODELAY only where the socket's proto is TCP; a stream of small writes
     held back by Nagle ran the firehose at a quarter of its rate (found by limit_bench)."""
-    listener = sim.stamping_listener("127.0.0.1", 0, 4)
+    listener = stamping_listener("127.0.0.1", 0, 4)
     client = socket.socket()
     try:
         client.connect(listener.getsockname())
         listener.setblocking(True)
         conn, _addr = listener.accept()
         with conn:
-            assert isinstance(conn, sim._StampedSocket)
+            assert isinstance(conn, _StampedSocket)
             assert conn.proto == socket.IPPROTO_TCP
             assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
-            assert conn.getsockopt(socket.SOL_SOCKET, sim._SO_TIMESTAMPNS) != 0
+            assert conn.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS) != 0
             # The kernel turns receive stamping on a moment after the first socket asks (a
             # deferred switch): the first segments may come unstamped, later ones must not.
             deadline = time.monotonic() + 5
@@ -479,7 +494,7 @@ def test_truth_t_arrive_falls_back_to_the_read_time_for_a_pipelined_request(star
     sock.close()
     first, second = srv.truth_records(2)
     assert second["arrive_basis"] == "read" and second["t_arrive_ns"] == second["t_recv_ns"]
-    if sim.kernel_rx_stamps_possible():
+    if kernel_stamps_possible():
         assert first["arrive_basis"] == "kernel"
     assert first["t_arrive_ns"] <= first["t_recv_ns"]
 
@@ -492,7 +507,7 @@ def test_die_after_exits_the_process(start_sim):
         assert stream(srv.port, "/v1/completions", body)[1][-1][1] == "[DONE]"
     _status, events = stream(srv.port, "/v1/completions", body)
     assert events[-1][1] != "[DONE]"                     # cut after the first chunk
-    assert srv.proc.wait(10) == sim.EXIT_DIE_AFTER
+    assert srv.proc.wait(10) == EXIT_DIE_AFTER
     records = srv.truth_records(3, timeout=1)
     assert [r["error"] for r in records] == [None, None, "server died (--die-after)"]
 
@@ -556,7 +571,7 @@ def closed_loop(port, concurrency, prompt_tokens, output_tokens, requests_per_wo
     """C workers, each on its own keep-alive connection, sending the next request when the last
     finished. Output tok/s = sum over workers of the tokens of requests 2..n over the time from
     the end of request 1 to the end of request n (back-to-back cycles tile that span)."""
-    prompt = sim.text_for_prompt_tokens(prompt_tokens)
+    prompt = text_for_prompt_tokens(prompt_tokens)
     rates, errors = [], []
 
     def worker():
@@ -594,7 +609,7 @@ def test_live_closed_loop_matches_prediction(start_sim):
     report = []
     for concurrency in (1, 4):
         live = closed_loop(srv.port, concurrency, prompt_tokens, output_tokens, 7)
-        pred = sim.predict_level("eagle3", concurrency, prompt_tokens, output_tokens,
+        pred = predict_level("eagle3", concurrency, prompt_tokens, output_tokens,
                                  time_scale=scale).output_tok_s
         report.append((concurrency, round(live, 1), round(pred, 1)))
         print(f"C={concurrency}: live {live:.1f} tok/s, predicted {pred:.1f} "

@@ -10,12 +10,18 @@ import urllib.request
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils import simulator as sim
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.predictor import (
+    predict_level,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (
+    DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, PROFILES, resolve_profile, SimError,
+    single_stream_tok_s, SPLIT_MAX_RUNNING, SPLIT_STEP_SCALE,
+)
 
 from simproc import ServerProcess
 from test_simulator import closed_loop
 
-PROMPT, OUTPUT = sim.DEFAULT_PROMPT_TOKENS, sim.DEFAULT_OUTPUT_TOKENS
+PROMPT, OUTPUT = DEFAULT_PROMPT_TOKENS, DEFAULT_OUTPUT_TOKENS
 
 
 @pytest.fixture
@@ -26,7 +32,7 @@ def start_sim():
 
 
 def tok_s(profile, c):
-    return sim.predict_level(profile, c, PROMPT, OUTPUT).output_tok_s
+    return predict_level(profile, c, PROMPT, OUTPUT).output_tok_s
 
 
 @pytest.mark.parametrize("c", [1, 2, 5, 10, 30])
@@ -43,8 +49,8 @@ def test_the_healthy_schedule_leaves_both_static_profiles_where_they_lose():
 
 
 def test_the_switch_cost_shows_where_the_batch_crosses_the_threshold():
-    free = dataclasses.replace(sim.PROFILES["eagle3_dynamic"], spec_switch_ms=0.0)
-    costly = dataclasses.replace(sim.PROFILES["eagle3_dynamic"], spec_switch_ms=400.0)
+    free = dataclasses.replace(PROFILES["eagle3_dynamic"], spec_switch_ms=0.0)
+    costly = dataclasses.replace(PROFILES["eagle3_dynamic"], spec_switch_ms=400.0)
     # C=4: the decoding batch moves around spec_max_batch=3, so steps switch.
     assert tok_s(costly, 4) < 0.97 * tok_s(free, 4)
     # C=2: the batch never passes the threshold, no switch, no cost.
@@ -64,22 +70,22 @@ def test_the_pathological_schedule_is_healthy_below_its_threshold():
 
 def test_a_split_half_is_the_fit_slowed_by_the_stated_factor():
     # At one request the step is everything: the half's pure decode rate is the fit's / scale.
-    assert sim.single_stream_tok_s("baseline_half") == pytest.approx(
-        sim.single_stream_tok_s("baseline") / sim.SPLIT_STEP_SCALE, rel=1e-9)
-    assert sim.PROFILES["eagle3_half"].max_running == sim.SPLIT_MAX_RUNNING
-    assert "assumed" in sim.PROFILES["eagle3_half"].description
+    assert single_stream_tok_s("baseline_half") == pytest.approx(
+        single_stream_tok_s("baseline") / SPLIT_STEP_SCALE, rel=1e-9)
+    assert PROFILES["eagle3_half"].max_running == SPLIT_MAX_RUNNING
+    assert "assumed" in PROFILES["eagle3_half"].description
 
 
 def test_dynamic_settings_are_checked():
-    with pytest.raises(sim.SimError, match="spec_dynamic must be one of"):
-        sim.resolve_profile({"profile": "eagle3_dynamic", "spec_dynamic": "sometimes"})
-    with pytest.raises(sim.SimError, match="needs a speculative profile"):
-        sim.resolve_profile({"profile": "baseline", "spec_dynamic": "threshold",
-                             "spec_max_batch": 3, "spec_off_step_base_ms": 5})
-    with pytest.raises(sim.SimError, match="spec_max_batch >= 1"):
-        sim.resolve_profile({"profile": "eagle3_dynamic", "spec_max_batch": 0})
-    with pytest.raises(sim.SimError, match="step_scale"):
-        sim.resolve_profile({"profile": "baseline", "step_scale": 0})
+    with pytest.raises(SimError, match="spec_dynamic must be one of"):
+        resolve_profile({"profile": "eagle3_dynamic", "spec_dynamic": "sometimes"})
+    with pytest.raises(SimError, match="needs a speculative profile"):
+        resolve_profile({"profile": "baseline", "spec_dynamic": "threshold",
+                         "spec_max_batch": 3, "spec_off_step_base_ms": 5})
+    with pytest.raises(SimError, match="spec_max_batch >= 1"):
+        resolve_profile({"profile": "eagle3_dynamic", "spec_max_batch": 0})
+    with pytest.raises(SimError, match="step_scale"):
+        resolve_profile({"profile": "baseline", "step_scale": 0})
 
 
 def metric(port, name):
@@ -92,7 +98,7 @@ def test_served_dynamic_schedule_matches_its_prediction_and_counts_its_switches(
     prompt, output, scale = 512, 128, 20.0
     srv = start_sim("--profile", "eagle3_dynamic", "--time-scale", scale)
     live = closed_loop(srv.port, 5, prompt, output, 6)
-    pred = sim.predict_level("eagle3_dynamic", 5, prompt, output, time_scale=scale).output_tok_s
+    pred = predict_level("eagle3_dynamic", 5, prompt, output, time_scale=scale).output_tok_s
     print(f"C=5: live {live:.1f} tok/s, predicted {pred:.1f} ({live / pred - 1:+.1%})")
     # The band of test_simulator's live check (a busy box runs late, never early).
     assert 0.75 * pred <= live <= 1.12 * pred

@@ -31,14 +31,15 @@ import asyncio
 import json
 import re
 import socket
-import struct
-import sys
 import time
 from typing import Callable, List, Optional
 from urllib.parse import urlsplit
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     RequestTiming, TOKENS_CHUNKS, TOKENS_SERVER,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.netstamp import (
+    ANCILLARY, enable_rx_stamps, kernel_stamps_possible, stamp_from_ancdata,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import RX_KERNEL, RX_USER
 
@@ -54,20 +55,8 @@ API_PATHS = {
 }
 
 _monotonic_ns = time.monotonic_ns
-_realtime_ns = time.time_ns
-NS_PER_S = 1_000_000_000
 
 RX_MODES = (RX_KERNEL, RX_USER)             # the option's choices, in results.levels' words
-# Linux's SO_TIMESTAMPNS (its control message type is the same number); Python does not export it.
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-_TIMESPEC = struct.Struct("qq")
-_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
-MAX_STAMP_AGE_NS = 10 * NS_PER_S             # older (or negative): the clock was stepped
-# A stamp up to this far in the future is clock skew, not a step: on a VM the kernel's stamp
-# (taken on the CPU that received the segment) and the vDSO's CLOCK_REALTIME (read on ours) can
-# disagree by microseconds, so a read made right after the segment arrived sees a small
-# negative age. It is read as "arrived now" instead of losing the level's kernel label.
-MAX_CLOCK_SKEW_NS = 1_000_000
 _COMPLETION_TOKENS = b'"completion_tokens":'
 _CT_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _MAX_ERROR_BODY = 4096
@@ -690,18 +679,6 @@ class RxStats:
         return RX_KERNEL if self.reads and self.kernel_reads == self.reads else RX_USER
 
 
-def stamp_from_age(now_ns: int, age_ns: int) -> Optional[int]:
-    """A read's arrival on the monotonic clock from its kernel stamp's age (realtime now minus
-    the stamp), or None where the age says the clock was stepped (the read time is used)."""
-    if -MAX_CLOCK_SKEW_NS <= age_ns < MAX_STAMP_AGE_NS:
-        return now_ns - max(age_ns, 0)
-    return None
-
-
-def kernel_stamps_possible() -> bool:
-    return sys.platform.startswith("linux") and bool(_ANCILLARY)
-
-
 class RxStampTransport:
     """A plain-TCP asyncio transport for one StreamConnection that reads with recvmsg_into and
     hands each read to the protocol with the kernel's receive time of its last segment
@@ -728,7 +705,7 @@ class RxStampTransport:
         protocol = self._protocol
         try:
             nbytes, ancdata, _flags, _addr = self._sock.recvmsg_into(
-                [protocol.get_buffer(-1)], _ANCILLARY)
+                [protocol.get_buffer(-1)], ANCILLARY)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -740,14 +717,11 @@ class RxStampTransport:
             return
         stats = self._stats
         stats.reads += 1
-        stamp = now
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
-                sec, nsec = _TIMESPEC.unpack_from(data)
-                kernel_stamp = stamp_from_age(now, _realtime_ns() - (sec * NS_PER_S + nsec))
-                if kernel_stamp is not None:
-                    stamp = kernel_stamp
-                    stats.kernel_reads += 1
+        stamp = stamp_from_ancdata(ancdata, now)
+        if stamp is None:
+            stamp = now
+        else:
+            stats.kernel_reads += 1
         protocol.buffer_updated_at(nbytes, stamp, now)
 
     # -- writing ----------------------------------------------------------------------------
@@ -893,7 +867,7 @@ def new_socket(addr_family: int, rcvbuf: Optional[int], rx_timestamps: str) -> s
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(rcvbuf))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if rx_timestamps == RX_KERNEL and kernel_stamps_possible():
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            enable_rx_stamps(sock)
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -905,7 +879,7 @@ def _enable_stamps(sock: socket.socket) -> bool:
     """Kernel receive timestamps (and no Nagle, as asyncio's own transports set) on sock."""
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        enable_rx_stamps(sock)
     except OSError:
         return False
     return True

@@ -54,6 +54,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from ansible_collections.servelab.serving.plugins.module_utils import netstamp
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.caller import caller_gone
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import (
     LevelCpu, mark_load_generator, usable_cpus,
@@ -732,7 +733,7 @@ class _Client:
         part = reduce_requests(self.records, ws, we if we > ws else 0, self.cfg.ci_batches,
                                self.cfg.slo)
         rows = []
-        wall_offset = time.time_ns() - time.monotonic_ns()
+        wall_offset = netstamp.wall_offset_ns()
         for r in self.records:
             row = request_row(r, ws, we if we > ws else 0, wall_offset)
             if self.cfg.keep_chunks:
@@ -990,7 +991,7 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     row.window_complete = bool(ws and we and controller.window_complete)
     row.window_start_ns, row.window_end_ns = ws, we
     if ws and we:   # on the wall clock too, to join the GPU server's telemetry samples
-        wall_offset = time.time_ns() - time.monotonic_ns()
+        wall_offset = netstamp.wall_offset_ns()
         row.window_start_unix_ns, row.window_end_unix_ns = ws + wall_offset, we + wall_offset
     _client_honesty(row, [results[i] for i in range(nproc)], merged, nproc, cpu)
     reads = sum(results[i]["rx_reads"] for i in range(nproc))

@@ -31,12 +31,12 @@ the last token, as other tools report them.
 from __future__ import annotations
 
 import math
-import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # The row these computations fill, and the words of its labels, are the results contract's.
+from ansible_collections.servelab.serving.plugins.module_utils import netstamp
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     ITL_BASIS_CHUNK, ITL_BASIS_TOKEN, LevelRow, TOKENS_CHUNKS, TOKENS_SERVER,
 )
@@ -261,7 +261,7 @@ def request_row(r: RequestTiming, ws: int = 0, we: int = 0,
     ttft = ttft_ns(r)
     e2e = e2e_ns(r)
     if wall_offset_ns is None:
-        wall_offset_ns = time.time_ns() - time.monotonic_ns()
+        wall_offset_ns = netstamp.wall_offset_ns()
     tpot = tpot_ns(r)
     return {
         "worker": r.worker,

@@ -1,10 +1,10 @@
 """What a process executes, as opposed to what its command line merely mentions.
 
 The reaper's patterns (proc/select.py) name servers: `-m sglang.launch_server`, `vllm serve`,
-`<state_dir>/servelab-*/servelab_simulator.py`, `sglang::scheduler`. Matched against every word
-of argv they also hit bystanders that only name the server: `tail -f .../servelab_simulator.py`,
+`<state_dir>/servelab-*/servelab_simulator.pyz`, `sglang::scheduler`. Matched against every word
+of argv they also hit bystanders that only name the server: `tail -f .../servelab_simulator.pyz`,
 `vim sglang/launch_server.py`, `grep vllm serve notes`, and the shell of
-`bash -c "python .../servelab_simulator.py; sleep 900"` (the python child runs the server; the
+`bash -c "python .../servelab_simulator.pyz; sleep 900"` (the python child runs the server; the
 shell only holds the text). So a pattern is matched against the executed view of argv:
 
 - argv[0], the program (or the title setproctitle gave it: `sglang::scheduler_TP0`);

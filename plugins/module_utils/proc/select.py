@@ -7,7 +7,7 @@ Seeds are found three ways:
 - processes whose executed command (or kernel name) matches a pattern: what the process runs
   (proc/executes.py: the program, a Python interpreter's script or `-m` module and its
   subcommand, a shell's script, a setproctitle title), not any word of its argv, so
-  `tail -f .../servelab_simulator.py`, an editor on it, or the `bash -c "python ...; sleep"`
+  `tail -f .../servelab_simulator.pyz`, an editor on it, or the `bash -c "python ...; sleep"`
   around a server (the python child is the match) are bystanders, reported in `spared`. A
   pattern is still only a name, and names are easy to share: another user's own `vllm serve`,
   a CPU-only launcher of the same name, a tmux server started as `tmux new 'vllm serve ...'`

@@ -45,13 +45,18 @@ def atomic_write_text(path: str, text: str, mode: int = 0o644) -> None:
 
     Results are 0644 (meant to be read by the team, like any other file); private state files
     (a server's state, which names its secrets' places) pass 0o600."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
+    """atomic_write_text for bytes (the simulator's zipapp)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -84,8 +84,9 @@ class ServerRequest:
     api_key: Optional[str] = None       # the engine's API key (SGLang --api-key)
     secret_names: List[str] = field(default_factory=list)   # redact.Rules.of: names and flags
     check_mode: bool = False
-    # Tests inject a stand-in simulator source; the module never sets it.
-    simulator_source: Optional[str] = None
+    # Tests inject a stand-in simulator zipapp (simulator_file.build_archive); the module never
+    # sets it.
+    simulator_archive: Optional[bytes] = None
 
 
 @dataclass
@@ -152,7 +153,7 @@ def _engine_version(req: ServerRequest, python: str, warnings: List[str]) -> Opt
 
 
 def build_spec(req: ServerRequest) -> tuple:
-    """(ServerSpec, simulator source or None). Raises ServerError before anything is touched."""
+    """(ServerSpec, simulator zipapp or None). Raises ServerError before anything is touched."""
     if not NAME_RE.match(req.name or ""):
         raise ServerError(f"name {req.name!r} must be 1-64 characters of letters, digits, "
                           f"'.', '_', '-' (it names the state directory and the cgroup)")
@@ -161,13 +162,13 @@ def build_spec(req: ServerRequest) -> tuple:
     try:
         profile = resolve_profile(req.profile, default_model=req.model)
         version = _engine_version(req, python, warnings)
-        sim_source = script = None
+        sim_archive = script = None
         extra = {}
         if req.engine == "simulator":
-            sim_source = req.simulator_source or server_simulator.simulator_source()
+            sim_archive = req.simulator_archive or server_simulator.simulator_archive()
             script = os.path.join(server_state.server_dir(req.state_dir, req.name),
                                   server_simulator.SCRIPT_NAME)
-            extra["simulator_sha256"] = server_simulator.digest(sim_source)
+            extra["simulator_sha256"] = server_simulator.digest(sim_archive)
         spec = render_server(profile, req.engine, req.host, req.port, python,
                              engine_version=version, module_env=req.env,
                              simulator_script=script, advertise_host=req.advertise_host,
@@ -176,7 +177,7 @@ def build_spec(req: ServerRequest) -> tuple:
         raise ServerError(str(exc)) from None
     if warnings:
         spec = dataclasses.replace(spec, warnings=tuple(warnings) + spec.warnings)
-    return _with_api_key(spec, req), sim_source
+    return _with_api_key(spec, req), sim_archive
 
 
 def _with_api_key(spec: ServerSpec, req: ServerRequest) -> ServerSpec:
@@ -346,7 +347,7 @@ def cgroup_leaf(name: str, server_dir: str) -> str:
     return f"{name}-{digest}"
 
 
-def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
+def _start(req: ServerRequest, spec: ServerSpec, sim_archive: Optional[bytes],
            result: ServerResult, salt: Optional[str], rules: redact.Rules, secrets) -> None:
     directory = server_state.server_dir(req.state_dir, req.name)
     holders = server_ports.listeners(spec.port)
@@ -354,8 +355,8 @@ def _start(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
         raise ServerError(
             f"port {spec.port} is already in use by {', '.join(server_ports.describe(holders))}, "
             f"which is not server {req.name}: stop it (gpu_reap) or choose another port")
-    if sim_source is not None:
-        server_simulator.materialise(directory, sim_source)
+    if sim_archive is not None:
+        server_simulator.materialise(directory, sim_archive)
     choice = proc_cgroup.prepare(cgroup_leaf(req.name, directory), req.cgroup)
     marker = f"{req.name}:{uuid.uuid4().hex[:12]}"
     try:
@@ -413,7 +414,7 @@ def _scan(result: ServerResult, engine: str) -> None:
     result.engine_adjustments = findings.engine_adjustments
 
 
-def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[str],
+def ensure_started(req: ServerRequest, spec: ServerSpec, sim_archive: Optional[bytes],
                    warnings: List[str] = ()) -> ServerResult:
     rules, secrets = request_secrets(req)
     state = server_state.load(req.state_dir, req.name)
@@ -473,7 +474,7 @@ def ensure_started(req: ServerRequest, spec: ServerSpec, sim_source: Optional[st
     if state is not None and _leftovers(state):
         # The old server, or what survived it (a TP worker holding GPU memory), goes first.
         result.stopped = _stop(req, state)
-    _start(req, spec, sim_source, result, salt, rules, secrets)
+    _start(req, spec, sim_archive, result, salt, rules, secrets)
     _scan(result, spec.engine)
     return result
 
@@ -522,9 +523,9 @@ def _run(req: ServerRequest) -> ServerResult:
     if req.profile is None:
         raise ServerError(f"profile is required for state={req.state} (e.g. {{name: baseline}})")
     # Validation and the flag check against the installed engine come before anything is touched.
-    spec, sim_source = build_spec(req)
+    spec, sim_archive = build_spec(req)
     warnings = _verify_installed_flags(req, spec)
     if req.check_mode:   # reads only: no lock file, no directory
-        return ensure_started(req, spec, sim_source, warnings)
+        return ensure_started(req, spec, sim_archive, warnings)
     with server_state.locked(req.state_dir, req.name):
-        return ensure_started(req, spec, sim_source, warnings)
+        return ensure_started(req, spec, sim_archive, warnings)

@@ -108,13 +108,13 @@ SIMULATOR_OWN_FLAGS = ("--host", "--port", "--model-name")
 
 
 def simulator_flags() -> Tuple[str, ...]:
-    """The simulator's own option strings, from its argparse definitions (simulator.py's
+    """The simulator's own option strings, from its argparse definitions (simulator/cli.py's
     build_parser): what it accepts, so an unknown `simulator:` key is refused when the profile
     is rendered (the preflight, before anything starts) instead of by argparse's usage at the
     server's start. Imported here, not at the top: only a simulator profile needs it."""
     # pylint: disable-next=import-outside-toplevel
-    from ansible_collections.servelab.serving.plugins.module_utils import simulator
-    return tuple(opt for action in simulator.build_parser()._actions   # pylint: disable=protected-access
+    from ansible_collections.servelab.serving.plugins.module_utils.simulator.cli import build_parser
+    return tuple(opt for action in build_parser()._actions   # pylint: disable=protected-access
                  for opt in action.option_strings if opt.startswith("--"))
 
 

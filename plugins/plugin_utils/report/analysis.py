@@ -59,7 +59,7 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 256     # vLLM's default --max-num-seqs on GPUs of t
 #   (vllm/config/vllm.py:1069-1086, _maybe_override_dynamic_sd_cudagraph_mode), and drops the
 #   schedule with data parallelism (:1110-1127); the schedule first exists in vLLM 0.24.0
 #   (vllm/config/speculative.py:162; 0.23.0 has none). The simulator does not model the
-#   PIECEWISE cost (plugins/module_utils/simulator.py, speculation_on).
+#   PIECEWISE cost (plugins/module_utils/simulator/profiles.py, speculation_on).
 VLLM_SCHEDULE_CAVEATS = (
     " Measure it before serving it: the open vllm-project/vllm#49548 reports this schedule collapsing "
     "under load, and vLLM 0.33.0 then runs CUDA graphs PIECEWISE instead of full on Model Runner V1 "
@@ -844,7 +844,7 @@ def time_scale_factors(records: list, measured: set) -> dict:
 def time_scale_badge(records: list, measured: set) -> str | None:
     """The badge every plot of a time-scaled run carries; None for a real-time run.
 
-    The simulator divides every model duration by time_scale (module_utils/simulator.py), so a
+    The simulator divides every model duration by time_scale (module_utils/simulator/), so a
     real engine as fast as the calibrated model would give tok/s / k and latencies x k. Only
     the model's time is scaled: the HTTP and client overheads in the latencies are real, so
     the real-time equivalent of a short latency is an upper estimate."""

@@ -29,7 +29,7 @@ def parse():
     parser.add_argument("--nnodes", type=int, required=True)
     parser.add_argument("--dist-init-addr", required=True)
     parser.add_argument("--events", required=True)
-    parser.add_argument("--simulator", required=True, help="servelab's simulator.py (rank 0 execs it)")
+    parser.add_argument("--simulator", required=True, help="servelab's simulator zipapp (rank 0 execs it)")
     parser.add_argument("--join-timeout", type=float, default=60.0)
     return parser.parse_known_args()
 
