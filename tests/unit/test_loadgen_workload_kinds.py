@@ -96,6 +96,17 @@ def test_hf_dataset_by_name_from_the_local_cache_never_the_hub(tmp_path, monkeyp
     w = load({"kind": "hf", "name": "someone/tiny-chat"})
     assert w.prompts[0].text == "hello from the cache"
     assert load({"kind": "hf", "name": "someone/tiny-chat", "revision": "abc123"}).prompts
+    # what datasets.load_dataset prepared: arrow files in the streaming format, one per split
+    pa = pytest.importorskip("pyarrow")
+    prepared = tmp_path / "datasets" / "someone___prepared" / "default" / "0.0.0" / "f00"
+    prepared.mkdir(parents=True)
+    for split in ("train", "test"):
+        table = pa.Table.from_pylist([{"prompt": "a %s prompt" % split}])
+        with pa.ipc.new_stream(str(prepared / ("prepared-%s.arrow" % split)), table.schema) as out:
+            out.write_table(table)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    w = load({"kind": "hf", "name": "someone/prepared", "split": "test"})
+    assert [p.text for p in w.prompts] == ["a test prompt"]
     with pytest.raises(WorkloadError, match=r"workload.name 'someone/other'.*huggingface-cli "
                                             r"download --repo-type dataset someone/other"):
         load({"kind": "hf", "name": "someone/other"})

@@ -7,10 +7,12 @@ for parquet and arrow files (imported only when such a file is read).
   gives the output length (its tokens: max_tokens). Entries whose prompt or answer is under 4
   tokens are skipped, as vLLM does.
 - hf: rows of a JSON list, JSONL, parquet or arrow file, a directory of them, or a dataset in the
-  local cache by name (owner/name: $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub,
-  snapshots/<revision>/). A row is a ShareGPT conversation, OpenAI `messages`, or a text field
-  (`prompt_field`, else the first of prompt, text, question, instruction, input); the output
-  length is `output_field`'s tokens, else an answer field's, else max_tokens.
+  local cache by name (owner/name: the hub's download cache, $HF_HUB_CACHE, $HF_HOME/hub or
+  ~/.cache/huggingface/hub, snapshots/<revision>/; else what `datasets` prepared there,
+  $HF_DATASETS_CACHE, $HF_HOME/datasets or ~/.cache/huggingface/datasets, <owner>___<name>/).
+  A row is a ShareGPT conversation, OpenAI `messages`, or a text field (`prompt_field`, else
+  the first of prompt, text, question, instruction, input); the output length is
+  `output_field`'s tokens, else an answer field's, else max_tokens.
 """
 from __future__ import annotations
 
@@ -43,6 +45,17 @@ def hf_cache_dirs() -> List[str]:
     return dirs
 
 
+def datasets_cache_dirs() -> List[str]:
+    """Where the `datasets` library keeps what load_dataset prepared (arrow files)."""
+    dirs = []
+    if os.environ.get("HF_DATASETS_CACHE"):
+        dirs.append(os.environ["HF_DATASETS_CACHE"])
+    if os.environ.get("HF_HOME"):
+        dirs.append(os.path.join(os.environ["HF_HOME"], "datasets"))
+    dirs.append(os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "datasets"))
+    return dirs
+
+
 def resolve(path: Optional[str], name: Optional[str], revision: Optional[str],
             variable: str) -> str:
     """The local file or directory a dataset option names; nothing is downloaded."""
@@ -70,6 +83,12 @@ def resolve(path: Optional[str], name: Optional[str], revision: Optional[str],
         revs = sorted(glob.glob(os.path.join(snapshots, "*")), key=os.path.getmtime)
         if revs:
             return revs[-1]
+    # What `datasets.load_dataset` prepared: <cache>/<owner>___<name>/<config>/<version>/<hash>/
+    for cache in datasets_cache_dirs():
+        prepared = os.path.join(cache, str(name).replace("/", "___"))
+        tried.append(prepared)
+        if os.path.isdir(prepared):
+            return prepared
     raise WorkloadError("%s.name %r: not in the local Hugging Face cache (looked in %s); "
                         "download it there first (huggingface-cli download --repo-type dataset "
                         "%s) or give %s.path" % (variable, name, ", ".join(tried), name,
