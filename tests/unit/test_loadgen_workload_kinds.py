@@ -57,6 +57,16 @@ def test_sharegpt_first_human_turn_is_the_prompt_the_answer_sets_the_length(tmp_
     assert w.token_source == "words"
     fixed = load({"kind": "sharegpt", "path": str(path), "output_tokens": 32, "limit": 1})
     assert [p.max_tokens for p in fixed.prompts] == [32]
+    # a fixed output length: the answer's own length no longer filters ("short" has a 2-word
+    # prompt, still skipped); a seed draws the sample at random
+    assert len(load({"kind": "sharegpt", "path": str(path), "output_tokens": 32}).prompts) == 2
+    path.write_text(json.dumps([dict(sharegpt_entries()[0], id=str(i)) for i in range(30)]))
+    drawn = load({"kind": "sharegpt", "path": str(path), "limit": 5, "seed": 3}).prompts
+    assert len(drawn) == 5 and [p.label for p in drawn] != ["ShareGPT_V3.json item %d" % i
+                                                             for i in range(1, 6)]
+    assert [p.label for p in drawn] == [p.label for p in load(
+        {"kind": "sharegpt", "path": str(path), "limit": 5, "seed": 3}).prompts]
+    path.write_text(json.dumps(sharegpt_entries()))
     path.write_text(json.dumps([{"prompt": "not sharegpt"}]))
     with pytest.raises(WorkloadError, match=r"workload.path .*item 1.*conversations"):
         load({"kind": "sharegpt", "path": str(path)})
@@ -369,3 +379,11 @@ def test_exact_lengths_with_any_tokenizer_behind_the_counter():
     exact = synthetic(64, 8, count=5, seed=3, counter=counter)
     assert [len(fake.encode(p.text)) for p in exact.prompts] == [64] * 5
     assert exact.token_source == "tokenizer:/models/fake" and words.token_source == "words"
+
+
+def test_the_old_kinds_keep_their_rules(tmp_path):
+    """jsonl's `limit: 0` (or null) is still "no limit"; synthetic's seed still defaults to 1."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert len(load({"kind": "jsonl", "path": str(path), "limit": 0}).prompts) == 2
+    assert check_spec({"kind": "synthetic", "input_tokens": 2, "output_tokens": 2})["seed"] == 1

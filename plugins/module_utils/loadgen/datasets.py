@@ -5,7 +5,8 @@ for parquet and arrow files (imported only when such a file is read).
 - sharegpt: the JSON list vLLM's and SGLang's benchmarks read ({"conversations": [{"from":
   "human"|"gpt", "value": ...}]}): the first human turn is the prompt, the gpt answer after it
   gives the output length (its tokens: max_tokens). Entries whose prompt or answer is under 4
-  tokens are skipped, as vLLM does.
+  tokens are skipped, as vLLM does; with `seed`, `limit` entries are drawn at random (vLLM's
+  sampling), else the first `limit` are taken.
 - hf: rows of a JSON list, JSONL, parquet or arrow file, a directory of them, or a dataset in the
   local cache by name (owner/name: the hub's download cache, $HF_HUB_CACHE, $HF_HOME/hub or
   ~/.cache/huggingface/hub, snapshots/<revision>/; else what `datasets` prepared there,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import random
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.prompts import (
@@ -222,6 +224,10 @@ def from_rows(spec: dict, counter: Counter, kind: str) -> Workload:
     root = resolve(spec.get("path"), spec.get("name"), spec.get("revision"), variable)
     files = data_files(root, spec.get("split"), variable)
     fixed_out = spec.get("output_tokens")
+    # With a seed, every usable entry is read and a sample of `limit` drawn (vLLM shuffles with
+    # its seed, then takes the first N); without one, the first `limit` in file order.
+    sample = spec.get("seed")
+    limit = spec.get("limit") if sample is None else None
     prompts: List[Prompt] = []
     seen = skipped = 0
     for path in files:
@@ -244,16 +250,21 @@ def from_rows(spec: dict, counter: Counter, kind: str) -> Workload:
                 continue
             messages, out = got
             n_in = counter.count(messages[-1]["content"])
-            if kind == "sharegpt" and (n_in < MIN_TOKENS or (out or 0) < MIN_TOKENS):
+            # vLLM's filter; with a fixed output length the answer's own does not matter
+            if kind == "sharegpt" and (n_in < MIN_TOKENS
+                                       or (not fixed_out and (out or 0) < MIN_TOKENS)):
                 skipped += 1
                 continue
             prompts.append(Prompt(messages=messages, max_tokens=fixed_out or out or None,
                                   ignore_eos=bool(spec.get("ignore_eos", False)),
                                   label=where, input_tokens=n_in))
-            if spec.get("limit") and len(prompts) >= spec["limit"]:
+            if limit and len(prompts) >= limit:
                 break
-        if spec.get("limit") and len(prompts) >= spec["limit"]:
+        if limit and len(prompts) >= limit:
             break
+    if sample is not None:
+        random.Random(sample).shuffle(prompts)
+        prompts = prompts[:spec["limit"]] if spec.get("limit") else prompts
     if not prompts:
         raise WorkloadError("%s: no usable prompts in %s (%d rows read, %d without a prompt%s)"
                             % (variable, root, seen, skipped,

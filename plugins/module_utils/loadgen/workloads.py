@@ -7,7 +7,7 @@ A workload is a dict (the `workload` option of llm_bench; `type` is accepted for
   {kind: synthetic, input_tokens: 512, output_tokens: 256, count: 64, spread: 0.0, seed: 1}
   {kind: jsonl, path: /path/prompts.jsonl, limit: 1000}
       one JSON object per line: {"prompt": "..."} or {"messages": [...]}, optional "max_tokens"
-  {kind: sharegpt, path: ShareGPT.json, limit, output_tokens}          (datasets.py)
+  {kind: sharegpt, path: ShareGPT.json, limit, seed, output_tokens}    (datasets.py)
   {kind: hf, path: file-or-dir | name: owner/name, split, revision, prompt_field, output_field}
   {kind: shared_prefix, groups, prompts_per_group, prefix_tokens, question_tokens,
    output_tokens}                                                      (generated.py)
@@ -54,8 +54,8 @@ _KEYS = {
     "builtin": (),
     "synthetic": ("input_tokens", "output_tokens", "count", "spread", "seed", "tokenizer"),
     "jsonl": ("path", "limit"),
-    "sharegpt": ("path", "limit", "output_tokens", "ignore_eos", "tokenizer"),
-    "hf": ("path", "name", "revision", "split", "limit", "prompt_field", "output_field",
+    "sharegpt": ("path", "limit", "seed", "output_tokens", "ignore_eos", "tokenizer"),
+    "hf": ("path", "name", "revision", "split", "limit", "seed", "prompt_field", "output_field",
            "output_tokens", "ignore_eos", "tokenizer"),
     "shared_prefix": ("groups", "prompts_per_group", "prefix_tokens", "question_tokens",
                       "output_tokens", "seed", "ignore_eos", "tokenizer"),
@@ -338,11 +338,10 @@ def check_spec(spec: Optional[dict]) -> dict:
         raise WorkloadError("workload: unknown key(s) %s for kind %s; known: %s" % (
             ", ".join(unknown), kind, ", ".join(sorted(known | {"type"}))))
     for key in ("limit", "output_tokens"):
-        if key in spec and spec[key] in (None, ""):
-            spec[key] = None
-        elif key in spec and kind != "synthetic":
-            spec[key] = _positive_int(spec, key)
-    if "seed" in _KEYS[kind]:
+        if kind in ("synthetic", "jsonl") or key not in spec:
+            continue        # their own rules below, as before
+        spec[key] = None if spec[key] in (None, "") else _positive_int(spec, key)
+    if "seed" in _KEYS[kind] and kind not in ("sharegpt", "hf"):
         try:
             spec["seed"] = int(spec.get("seed", 1))
         except (TypeError, ValueError):
@@ -365,7 +364,14 @@ def check_spec(spec: Optional[dict]) -> dict:
         spec["spread"] = _fraction(spec, "spread", 0.0, 0.0, 1.0)
     elif kind == "jsonl":
         spec["limit"] = _positive_int(spec, "limit") if spec.get("limit") else None
-    elif kind == "hf":
+    if kind in ("sharegpt", "hf") and spec.get("seed") is not None:
+        try:
+            spec["seed"] = int(spec["seed"])
+        except (TypeError, ValueError):
+            raise WorkloadError("workload.seed: expected an integer (the usable entries are "
+                                "shuffled with it before `limit`, as vLLM samples), got %r"
+                                % spec["seed"]) from None
+    if kind == "hf":
         if not spec.get("path") and not spec.get("name"):
             raise WorkloadError("workload.path or workload.name is required for kind hf (a "
                                 "local file or directory, or owner/name in the local Hugging "
