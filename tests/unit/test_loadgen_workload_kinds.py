@@ -62,8 +62,8 @@ def test_sharegpt_first_human_turn_is_the_prompt_the_answer_sets_the_length(tmp_
     assert len(load({"kind": "sharegpt", "path": str(path), "output_tokens": 32}).prompts) == 2
     path.write_text(json.dumps([dict(sharegpt_entries()[0], id=str(i)) for i in range(30)]))
     drawn = load({"kind": "sharegpt", "path": str(path), "limit": 5, "seed": 3}).prompts
-    assert len(drawn) == 5 and [p.label for p in drawn] != ["ShareGPT_V3.json item %d" % i
-                                                             for i in range(1, 6)]
+    in_order = ["ShareGPT_V3.json item %d" % i for i in range(1, 6)]
+    assert len(drawn) == 5 and [p.label for p in drawn] != in_order
     assert [p.label for p in drawn] == [p.label for p in load(
         {"kind": "sharegpt", "path": str(path), "limit": 5, "seed": 3}).prompts]
     path.write_text(json.dumps(sharegpt_entries()))
