@@ -95,6 +95,24 @@ options:
         output_tokens: 256, count: 64, spread: 0, seed: 1}) (with ignore_eos) or
         C({kind: jsonl, path: /file/on/the/client.jsonl, limit: N}) (lines C({\"prompt\": ...})
         or C({\"messages\": [...]}), optional C(max_tokens)). C(type) is accepted for C(kind)."
+      - "C({kind: sharegpt, path: ShareGPT.json, limit, output_tokens}): the first human turn is
+        the prompt, the gpt answer's length its max_tokens (entries under 4 tokens skipped, as
+        vLLM does)."
+      - "C({kind: hf, path: file-or-dir | name: owner/name, split, revision, prompt_field,
+        output_field}): rows of a JSON, JSONL, parquet or arrow file (parquet and arrow need
+        pyarrow), a directory of them, or a dataset in the local Hugging Face cache; never the
+        hub."
+      - "C({kind: shared_prefix, groups: 8, prompts_per_group: 16, prefix_tokens,
+        question_tokens, output_tokens}): groups sharing a system prefix, each prompt its own
+        question (SGLang's generated-shared-prefix)."
+      - "C({kind: multi_turn, path | conversations: 16, turns: 4, input_tokens,
+        output_tokens}) and C({kind: trace, path: trace.jsonl, speedup: 1, timestamp_unit: ms})
+        (Mooncake or Azure style C({timestamp, input_length, output_length}) lines) are refused
+        until the load generator keeps their order (its C(WORKLOAD_HOOKS))."
+      - "Kinds that ask for lengths take C(tokenizer) (a local C(tokenizer.json), read with the
+        C(tokenizers) package, or a transformers tokenizer directory): input lengths are then
+        exact; without it about one word per token. The row's C(prompt_token_source) says
+        which."
     type: dict
     default: {kind: builtin}
   max_tokens:

@@ -20,8 +20,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
     ACTION_ONLY_OPTIONS, level_fields, with_defaults,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level as _level
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import (
-    Workload, WorkloadError, check_spec, load,
+    Workload, WorkloadError, check_spec, load, missing_level_hook,
 )
 
 __all__ = ["ACTION_ONLY_OPTIONS", "BenchOptionsError", "level_configs", "run_levels"]
@@ -70,11 +71,13 @@ def level_configs(params: dict, read_workload: bool = True
     the bench client, where the module reads and checks it before its first request."""
     params = with_defaults(params)
     try:
+        spec = check_spec(params["workload"])
         workload = load(params["workload"]) if read_workload else None
-        if not read_workload:
-            check_spec(params["workload"])
     except WorkloadError as exc:
         raise BenchOptionsError(str(exc)) from None
+    unkept = missing_level_hook(spec, getattr(_level, "WORKLOAD_HOOKS", ()))
+    if unkept:
+        raise BenchOptionsError(unkept)
     slo = dict(params["slo"])
     for key, value in slo.items():
         if key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
@@ -144,6 +147,7 @@ def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool 
         if drain_after and not verdict.failed and not orphaned:
             drained = drainer.drain(_label(cfg))
         result.row.drain_s, result.row.drain_basis = drained.seconds, drained.basis
+        result.row.prompt_token_source = getattr(workload, "token_source", "")
         row = asdict(result.row)
         outcome.levels.append(row)
         outcome.requests_by_level.append(result.requests)

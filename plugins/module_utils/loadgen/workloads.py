@@ -1,11 +1,23 @@
 """What the load generator sends: prompts from a built-in coding/agentic set, synthetic prompts of
-given lengths, or a JSONL file. Standard library only.
+given lengths, a JSONL file, and the workloads users bring from vLLM's, SGLang's, guidellm's and
+aiperf's benchmarks. Standard library only (a tokenizer or pyarrow only when asked for).
 
 A workload is a dict (the `workload` option of llm_bench; `type` is accepted for `kind`):
   {kind: builtin}                                  the coding/agentic set below
   {kind: synthetic, input_tokens: 512, output_tokens: 256, count: 64, spread: 0.0, seed: 1}
   {kind: jsonl, path: /path/prompts.jsonl, limit: 1000}
       one JSON object per line: {"prompt": "..."} or {"messages": [...]}, optional "max_tokens"
+  {kind: sharegpt, path: ShareGPT.json, limit, seed, output_tokens}    (datasets.py)
+  {kind: hf, path: file-or-dir | name: owner/name, split, revision, prompt_field, output_field}
+  {kind: shared_prefix, groups, prompts_per_group, prefix_tokens, question_tokens,
+   output_tokens}                                                      (generated.py)
+  {kind: multi_turn, path: conversations file | conversations, turns, input_tokens,
+   output_tokens}                                                      (generated.py)
+  {kind: trace, path: trace.jsonl, speedup: 1, timestamp_unit: ms}     (trace.py)
+Every kind that asks for lengths takes `tokenizer` (a local tokenizer.json or transformers
+directory, tokens.py): input lengths are then exact, else about one word per token; the level
+row's `prompt_token_source` says which. Files are on the bench client and are read there, with
+every prompt built before the level starts.
 Synthetic prompts ask for exactly `output_tokens` with ignore_eos (SGLang and vLLM honour it), so
 every request generates the same number of tokens; the server still reports what it generated.
 """
@@ -14,34 +26,43 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Optional
 
-WORKLOAD_TYPES = ("builtin", "synthetic", "jsonl")
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.prompts import (
+    TOKENS_TEXT, Prompt, Workload, WorkloadError,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.datasets import from_rows
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.generated import (
+    multi_turn, shared_prefix,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.tokens import (
+    Counter, Words, filler_text, load_tokenizer,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.trace import from_trace
 
+__all__ = ["FILE_KINDS", "LEVEL_HOOKS", "WORKLOAD_TYPES", "Prompt", "Workload", "WorkloadError",
+           "builtin", "check_spec", "from_jsonl", "load", "missing_level_hook",
+           "reads_client_files", "synthetic"]
 
-class WorkloadError(ValueError):
-    """Bad workload options: the message names the field and the fix."""
+WORKLOAD_TYPES = ("builtin", "synthetic", "jsonl", "sharegpt", "hf", "shared_prefix",
+                  "multi_turn", "trace")
+# Kinds that read files on the bench client (bench_preflight reads them there, as jsonl's).
+FILE_KINDS = ("jsonl", "sharegpt", "hf", "multi_turn", "trace")
 
-
-@dataclass
-class Prompt:
-    messages: List[Dict[str, str]]
-    max_tokens: Optional[int] = None      # per-prompt override of the max_tokens option
-    ignore_eos: bool = False
-    label: str = ""
-
-    @property
-    def text(self) -> str:
-        """Plain text for APIs without chat templates (/v1/completions, SGLang /generate)."""
-        return "\n\n".join(m.get("content", "") for m in self.messages)
-
-
-@dataclass
-class Workload:
-    kind: str
-    prompts: List[Prompt] = field(default_factory=list)
-    description: str = ""
+# The keys each kind takes (`kind` and its alias `type` aside).
+_KEYS = {
+    "builtin": (),
+    "synthetic": ("input_tokens", "output_tokens", "count", "spread", "seed", "tokenizer"),
+    "jsonl": ("path", "limit"),
+    "sharegpt": ("path", "limit", "seed", "output_tokens", "ignore_eos", "tokenizer"),
+    "hf": ("path", "name", "revision", "split", "limit", "seed", "prompt_field", "output_field",
+           "output_tokens", "ignore_eos", "tokenizer"),
+    "shared_prefix": ("groups", "prompts_per_group", "prefix_tokens", "question_tokens",
+                      "output_tokens", "seed", "ignore_eos", "tokenizer"),
+    "multi_turn": ("path", "conversations", "turns", "input_tokens", "output_tokens", "seed",
+                   "ignore_eos", "tokenizer"),
+    "trace": ("path", "limit", "speedup", "timestamp_unit", "seed", "ignore_eos", "tokenizer"),
+}
 
 
 _SYSTEM = ("You are a senior software engineer working in a terminal-based coding agent. Answer "
@@ -195,14 +216,17 @@ def builtin() -> Workload:
     prompts = [Prompt(messages=[{"role": "system", "content": _SYSTEM},
                                 {"role": "user", "content": text}], label=label)
                for label, text in _BUILTIN]
-    return Workload("builtin", prompts, "%d built-in coding/agentic prompts" % len(prompts))
+    return Workload("builtin", prompts, "%d built-in coding/agentic prompts" % len(prompts),
+                    token_source=TOKENS_TEXT)
 
 
 def synthetic(input_tokens: int, output_tokens: int, count: int = 64, spread: float = 0.0,
-              seed: int = 1) -> Workload:
-    """Prompts of about `input_tokens` tokens (one common word per token; the server reports the
-    exact count) asking for exactly `output_tokens` (ignore_eos). Each prompt starts with a
-    distinct number so prefix caching cannot serve one from another."""
+              seed: int = 1, counter: Optional[Counter] = None) -> Workload:
+    """Prompts of `input_tokens` tokens (exactly, with a tokenizer; else one common word per
+    token, and the server reports the exact count) asking for exactly `output_tokens`
+    (ignore_eos). Each prompt starts with a distinct number so prefix caching cannot serve one
+    from another."""
+    counter = counter or Words()
     rng = random.Random(seed)
     prompts = []
     for i in range(count):
@@ -211,12 +235,13 @@ def synthetic(input_tokens: int, output_tokens: int, count: int = 64, spread: fl
         if spread:
             n_in = max(1, int(round(input_tokens * rng.uniform(1 - spread, 1 + spread))))
             n_out = max(1, int(round(output_tokens * rng.uniform(1 - spread, 1 + spread))))
-        words = [str(rng.randrange(10 ** 6))]
-        words.extend(rng.choice(_TOKEN_WORDS) for _word in range(max(0, n_in - 1)))
-        prompts.append(Prompt(messages=[{"role": "user", "content": " ".join(words)}],
-                              max_tokens=n_out, ignore_eos=True, label="synthetic-%d" % i))
-    return Workload("synthetic", prompts, "%d synthetic prompts, ~%d in / %d out tokens%s" % (
-        count, input_tokens, output_tokens, " (+-%d%%)" % int(spread * 100) if spread else ""))
+        text, got = filler_text(counter, n_in, rng, _TOKEN_WORDS, head=str(rng.randrange(10 ** 6)))
+        prompts.append(Prompt(messages=[{"role": "user", "content": text}],
+                              max_tokens=n_out, ignore_eos=True, label="synthetic-%d" % i,
+                              input_tokens=got))
+    return Workload("synthetic", prompts, "%d synthetic prompts, %s%d in / %d out tokens%s" % (
+        count, "" if counter.exact else "~", input_tokens, output_tokens,
+        " (+-%d%%)" % int(spread * 100) if spread else ""), token_source=counter.source)
 
 
 def from_jsonl(path: str, limit: Optional[int] = None) -> Workload:
@@ -251,7 +276,8 @@ def from_jsonl(path: str, limit: Optional[int] = None) -> Workload:
                 break
     if not prompts:
         raise WorkloadError("workload.path %s: no prompts in the file" % path)
-    return Workload("jsonl", prompts, "%d prompts from %s" % (len(prompts), path))
+    return Workload("jsonl", prompts, "%d prompts from %s" % (len(prompts), path),
+                    token_source=TOKENS_TEXT)
 
 
 def _positive_int(spec: dict, key: str, default=None) -> int:
@@ -265,9 +291,38 @@ def _positive_int(spec: dict, key: str, default=None) -> int:
     return value
 
 
+def _fraction(spec: dict, key: str, default: float, low: float, high: Optional[float]) -> float:
+    try:
+        value = float(spec.get(key, default))
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (value >= low and (high is None or value < high)) or value != value:
+        raise WorkloadError("workload.%s: expected a number %s %g%s, got %r" % (
+            key, ">=" if low == 0 else ">", low, " and below %g" % high if high else "",
+            spec.get(key)))
+    return value
+
+
+def _required(spec: dict, kind: str, keys, example: str) -> None:
+    for key in keys:
+        if key not in spec:
+            raise WorkloadError("workload.%s is required for kind %s (e.g. %s)"
+                                % (key, kind, example))
+        spec[key] = _positive_int(spec, key)
+
+
+def _bool(spec: dict, key: str, default: bool) -> bool:
+    value = spec.get(key, default)
+    if isinstance(value, str) and value.lower() in ("true", "yes", "false", "no"):
+        return value.lower() in ("true", "yes")
+    if not isinstance(value, bool):
+        raise WorkloadError("workload.%s: expected true or false, got %r" % (key, value))
+    return value
+
+
 def check_spec(spec: Optional[dict]) -> dict:
     """Validate the workload option's shape, reading no file: the controller checks this before
-    the first level, the bench client (where a jsonl file lives) then reads the file in load()."""
+    the first level, the bench client (where a workload's files live) then reads them in load()."""
     spec = dict(spec or {"kind": "builtin"})
     if "kind" in spec and "type" in spec and spec["kind"] != spec["type"]:
         raise WorkloadError("workload: give `kind` only (`type` is an alias), got kind=%r and "
@@ -277,41 +332,134 @@ def check_spec(spec: Optional[dict]) -> dict:
     if kind not in WORKLOAD_TYPES:
         raise WorkloadError("workload.kind %r: expected one of %s" % (kind,
                                                                       ", ".join(WORKLOAD_TYPES)))
-    known = {"kind", "input_tokens", "output_tokens", "count", "spread", "seed", "path", "limit"}
+    known = set(_KEYS[kind]) | {"kind"}
     unknown = sorted(set(spec) - known)
     if unknown:
-        raise WorkloadError("workload: unknown key(s) %s; known: %s" % (
-            ", ".join(unknown), ", ".join(sorted(known | {"type"}))))
-    if kind == "synthetic":
-        for key in ("input_tokens", "output_tokens"):
-            if key not in spec:
-                raise WorkloadError("workload.%s is required for kind synthetic (e.g. "
-                                    "input_tokens: 512, output_tokens: 256)" % key)
-            spec[key] = _positive_int(spec, key)
-        spec["count"] = _positive_int(spec, "count", 64)
+        raise WorkloadError("workload: unknown key(s) %s for kind %s; known: %s" % (
+            ", ".join(unknown), kind, ", ".join(sorted(known | {"type"}))))
+    for key in ("limit", "output_tokens"):
+        if kind in ("synthetic", "jsonl") or key not in spec:
+            continue        # their own rules below, as before
+        spec[key] = None if spec[key] in (None, "") else _positive_int(spec, key)
+    if "seed" in _KEYS[kind] and kind not in ("sharegpt", "hf"):
         try:
-            spread = float(spec.get("spread", 0.0))
+            spec["seed"] = int(spec.get("seed", 1))
         except (TypeError, ValueError):
-            spread = -1.0
-        if not 0.0 <= spread < 1.0:
-            raise WorkloadError("workload.spread: expected a fraction in [0, 1), got %r"
-                                % spec.get("spread"))
-        spec["spread"] = spread
-        spec["seed"] = int(spec.get("seed", 1))
+            raise WorkloadError("workload.seed: expected an integer, got %r"
+                                % spec.get("seed")) from None
+    if spec.get("tokenizer") is not None and not isinstance(spec["tokenizer"], str):
+        raise WorkloadError("workload.tokenizer: expected a path (a tokenizer.json or a "
+                            "transformers tokenizer directory), got %r" % (spec["tokenizer"],))
+    if "ignore_eos" in spec:
+        spec["ignore_eos"] = _bool(spec, "ignore_eos", False)
+    if kind in ("jsonl", "sharegpt", "trace") and not spec.get("path"):
+        raise WorkloadError("workload.path is required for kind %s (a %s on the bench "
+                            "client)" % (kind, {"jsonl": "JSONL file of prompts",
+                                                "sharegpt": "ShareGPT JSON file",
+                                                "trace": "JSONL trace file"}[kind]))
+    if kind == "synthetic":
+        _required(spec, kind, ("input_tokens", "output_tokens"),
+                  "input_tokens: 512, output_tokens: 256")
+        spec["count"] = _positive_int(spec, "count", 64)
+        spec["spread"] = _fraction(spec, "spread", 0.0, 0.0, 1.0)
     elif kind == "jsonl":
-        if not spec.get("path"):
-            raise WorkloadError("workload.path is required for kind jsonl (a JSONL file of "
-                                "prompts on the bench client)")
         spec["limit"] = _positive_int(spec, "limit") if spec.get("limit") else None
+    if kind in ("sharegpt", "hf") and spec.get("seed") is not None:
+        try:
+            spec["seed"] = int(spec["seed"])
+        except (TypeError, ValueError):
+            raise WorkloadError("workload.seed: expected an integer (the usable entries are "
+                                "shuffled with it before `limit`, as vLLM samples), got %r"
+                                % spec["seed"]) from None
+    if kind == "hf":
+        if not spec.get("path") and not spec.get("name"):
+            raise WorkloadError("workload.path or workload.name is required for kind hf (a "
+                                "local file or directory, or owner/name in the local Hugging "
+                                "Face cache)")
+    elif kind == "shared_prefix":
+        spec.setdefault("groups", 8)
+        spec.setdefault("prompts_per_group", 16)
+        _required(spec, kind, ("groups", "prompts_per_group", "prefix_tokens", "question_tokens",
+                               "output_tokens"),
+                  "prefix_tokens: 2048, question_tokens: 128, output_tokens: 256")
+    elif kind == "multi_turn":
+        if spec.get("path"):
+            for key in ("conversations", "turns"):
+                if spec.get(key) is not None:
+                    spec[key] = _positive_int(spec, key)
+        else:
+            spec.setdefault("conversations", 16)
+            spec.setdefault("turns", 4)
+            _required(spec, kind, ("conversations", "turns", "input_tokens", "output_tokens"),
+                      "path: conversations.json, or turns: 4, input_tokens: 128, "
+                      "output_tokens: 128")
+    elif kind == "trace":
+        spec["speedup"] = _fraction(spec, "speedup", 1.0, 0.0, None)
+        if spec["speedup"] == 0:
+            raise WorkloadError("workload.speedup: expected a number > 0 (2 replays the trace "
+                                "twice as fast), got 0")
+        unit = spec.get("timestamp_unit", "ms")
+        if unit not in ("s", "ms", "us"):
+            raise WorkloadError("workload.timestamp_unit %r: expected s, ms or us (Mooncake "
+                                "traces are in ms)" % (unit,))
+        spec["timestamp_unit"] = unit
+    if kind in ("shared_prefix", "trace", "multi_turn") and "ignore_eos" not in spec:
+        # Generated lengths are asked for exactly, as synthetic's are; a multi-turn file's
+        # answers are the dataset's, as sharegpt's.
+        spec["ignore_eos"] = not (kind == "multi_turn" and spec.get("path"))
     return spec
 
 
+# Kinds whose order the level must keep, and the hook of the load generator (level.py's
+# WORKLOAD_HOOKS) that keeps it: trace arrivals at the trace's times (Workload.arrivals_s, through
+# trace.TraceSchedule), multi-turn turns in order per worker (Workload.conversations, through
+# generated.ConversationOrder). Without the hook a level would send them shuffled at the
+# configured load: not what was asked, so the options are refused.
+LEVEL_HOOKS = {"trace": "arrivals", "multi_turn": "conversations"}
+
+
+def missing_level_hook(spec: dict, hooks) -> Optional[str]:
+    """The error for a (checked) workload whose order this load generator cannot keep; None if
+    it can (`hooks`: the level's WORKLOAD_HOOKS)."""
+    hook = LEVEL_HOOKS.get(spec.get("kind"))
+    if hook is None or hook in hooks:
+        return None
+    return ("workload.kind %s: this load generator cannot yet send a %s workload in its order "
+            "(%s; the level's `%s` hook is not in this build), and would send its prompts "
+            "shuffled instead; use kind %s meanwhile" % (
+                spec["kind"], spec["kind"],
+                "each request at its trace timestamp" if hook == "arrivals"
+                else "each conversation's turns in order, the next after the previous answer",
+                hook, "synthetic or sharegpt with load_mode: rate" if hook == "arrivals"
+                else "sharegpt (first turns only)"))
+
+
+def reads_client_files(spec: dict) -> bool:
+    """Whether this (checked) workload reads files on the bench client: a data file, or a
+    tokenizer. bench_preflight reads those there, before the first level."""
+    return bool(spec.get("kind") in FILE_KINDS and (spec.get("path") or spec.get("name"))
+                or spec.get("tokenizer"))
+
+
 def load(spec: Optional[dict]) -> Workload:
-    """Build the workload from the option dict, validating every field first."""
+    """Build the workload from the option dict, validating every field first. Every prompt is
+    built here, before any level starts."""
     spec = check_spec(spec)
-    if spec["kind"] == "builtin":
+    kind = spec["kind"]
+    if kind == "builtin":
         return builtin()
-    if spec["kind"] == "synthetic":
+    if kind == "jsonl":
+        return from_jsonl(str(spec["path"]), spec["limit"])
+    counter = load_tokenizer(spec.get("tokenizer"))
+    if kind == "synthetic":
         return synthetic(spec["input_tokens"], spec["output_tokens"], count=spec["count"],
-                         spread=spec["spread"], seed=spec["seed"])
-    return from_jsonl(str(spec["path"]), spec["limit"])
+                         spread=spec["spread"], seed=spec["seed"], counter=counter)
+    if kind in ("sharegpt", "hf"):
+        return from_rows(spec, counter, kind)
+    if kind == "shared_prefix":
+        return shared_prefix(counter, _TOKEN_WORDS, spec["groups"], spec["prompts_per_group"],
+                             spec["prefix_tokens"], spec["question_tokens"],
+                             spec["output_tokens"], spec["seed"], spec["ignore_eos"])
+    if kind == "multi_turn":
+        return multi_turn(spec, counter, _TOKEN_WORDS)
+    return from_trace(spec, counter, _TOKEN_WORDS)

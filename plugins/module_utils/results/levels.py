@@ -107,6 +107,7 @@ class LevelRow:
     ansible_cpu_s: Optional[float] = None
     host_cpu_util: Optional[float] = None
     rx_timestamps: str = ""
+    prompt_token_source: str = ""
     latency_samples: int = 0
     min_latency_samples: int = 0
     arrival_rate_s: Optional[float] = None
@@ -279,6 +280,10 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("rx_timestamps", "", "RX timestamps", "",
                "kernel: chunk arrival times are the kernel's receive timestamps (SO_TIMESTAMPNS); "
                "user: taken when the client read the socket"),
+    _row_field("prompt_token_source", "", "prompt tokens by", "",
+               "how the workload counted the input lengths it asked for: tokenizer:<path> "
+               "(exact, that tokenizer), words (about one word per token; prompt_tokens has "
+               "the server's count), text (prompts as given, no length asked for)"),
     _row_field("latency_samples", "", "latency samples", "d",
                "window requests the latency percentiles come from (succeeded)"),
     _row_field("min_latency_samples", "", "min latency samples", "d",
