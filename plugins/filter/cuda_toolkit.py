@@ -11,6 +11,8 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.servelab.serving.plugins.module_utils.apt.probe import apt_reason
+
 VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 REVISION_RE = re.compile(r"^[0-9][0-9A-Za-z.+~]*$")
 NVCC_RE = re.compile(r"release\s+(\d+\.\d+),\s*V([\d.]+)")
@@ -157,6 +159,21 @@ def _output(result, limit=400) -> str:
     return (text or str(result.get("msg") or "").strip() or "no output")[-limit:]
 
 
+def failure_reason(result) -> str:
+    """Why a task failed, for the rollback report: apt's own reason (a full disk, its E: lines) when
+    the task ran apt and printed one, ahead of anything else it printed (debconf's "delaying package
+    configuration" warning, a bare "non-zero return code"); otherwise Ansible's message."""
+    result = result or {}
+    msg = str(result.get("msg") or "").strip()
+    stderr, stdout = str(result.get("stderr") or ""), str(result.get("stdout") or "")
+    reason = apt_reason(msg, stderr, stdout, warnings=False)
+    if reason:
+        return reason
+    if msg and msg != "non-zero return code":
+        return msg
+    return (stderr.strip() or stdout.strip() or msg or "no output")[-600:]
+
+
 def gpu_jobs(reap_result) -> list:
     """'PID <pid> (<cmdline>)' for every process gpu_reap would stop."""
     jobs = []
@@ -259,5 +276,6 @@ class FilterModule:
             "cuda_toolkit_verify_problems": verify_problems,
             "cuda_toolkit_rollback_report": rollback_report,
             "cuda_toolkit_gpu_jobs": gpu_jobs,
+            "cuda_toolkit_failure_reason": failure_reason,
             "cuda_toolkit_stack_table": stack_table,
         }

@@ -215,3 +215,22 @@ def test_systemd_drop_in_gives_every_service_the_toolkit_environment():
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert lines == ["[Manager]", 'DefaultEnvironment="CUDA_HOME=/usr/local/cuda" '
                      '"LD_LIBRARY_PATH=/usr/local/cuda/lib64" "PATH=/usr/local/cuda/bin:/usr/bin:/bin"']
+
+
+def test_the_failure_reason_leads_with_apts_own_words():
+    from ansible_collections.servelab.serving.plugins.filter.cuda_toolkit import failure_reason
+    # apt-get install --simulate of a version the repository lacks: the command module says only "non-zero return code".
+    missing = {"msg": "non-zero return code", "rc": 100, "stdout": "Reading package lists...\\n",
+               "stderr": "E: Version '13.0.9-1' for 'cuda-toolkit-13-0' was not found\n"}
+    assert failure_reason(missing) == "E: Version '13.0.9-1' for 'cuda-toolkit-13-0' was not found"
+    # A full disk: the apt module's msg starts with debconf's warning.
+    full = {"msg": "'/usr/bin/apt-get -y install cuda-toolkit-13-0=13.0.1-1' failed: debconf: delaying package "
+                   "configuration, since apt-utils is not installed\ndpkg: error processing archive x.deb (--unpack):\n"
+                   " cannot copy extracted data for './usr/local/cuda-13.0/lib64/libx.so': failed to write "
+                   "(No space left on device)\nE: Sub-process /usr/bin/dpkg returned an error code (1)\n"}
+    reason = failure_reason(full)
+    assert reason.startswith("cannot copy extracted data") and "No space left on device" in reason, reason
+    assert "debconf" not in reason
+    # Not apt: Ansible's own message.
+    assert failure_reason({"msg": "CUDA 13.0.1 on ct129: nvcc failed"}) == "CUDA 13.0.1 on ct129: nvcc failed"
+    assert failure_reason({"msg": "non-zero return code", "stderr": "boom\n"}) == "boom"
