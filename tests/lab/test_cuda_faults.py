@@ -181,3 +181,16 @@ def test_a_rollback_killed_before_its_package_step_leaves_12_8_and_the_rerun_fin
     assert selected(lab) == "/usr/local/cuda-13.0"
     assert ct(lab, "test -e %s && echo present || echo absent" % STATE_FILE).stdout.strip() == "absent"
 
+
+def test_check_mode_on_the_field_host_with_its_venv_changes_nothing_and_passes(lab, repos):
+    """Fault 5: --check on an unconverged host with a venv returned rc 2, verify failing on the cu128 torch
+    that a real run replaces (the lab's check-mode test had no venv)."""
+    field_state(lab, repos.cuda, pypi=repos.pypi)
+    # As on a host an earlier run touched: role sglang's apt packages are there, so its check mode reaches pip.
+    ct(lab, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-packaging >/dev/null")
+    before = snapshot(lab)
+    run = lab.run_playbook(UPGRADE, extravars=repos.role_vars(lab), check=True)
+    assert run.rc == 0, run.failure_text() or run.stdout[-4000:]
+    assert run.changed(CT) > 0, "check mode should report what it would change"
+    assert "pip would change the venv" in run.stdout
+    assert snapshot(lab) == before
