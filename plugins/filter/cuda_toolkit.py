@@ -7,9 +7,14 @@ declarative and every failure message is written here once.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
 
 from ansible.errors import AnsibleFilterError
+
+from ansible_collections.servelab.serving.plugins.module_utils.apt.probe import apt_reason
 
 VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 REVISION_RE = re.compile(r"^[0-9][0-9A-Za-z.+~]*$")
@@ -157,6 +162,44 @@ def _output(result, limit=400) -> str:
     return (text or str(result.get("msg") or "").strip() or "no output")[-limit:]
 
 
+def failure_reason(result) -> str:
+    """Why a task failed, for the rollback report: apt's own reason (a full disk, its E: lines) when
+    the task ran apt and printed one, ahead of anything else it printed (debconf's "delaying package
+    configuration" warning, a bare "non-zero return code"); otherwise Ansible's message."""
+    result = result or {}
+    msg = str(result.get("msg") or "").strip()
+    stderr, stdout = str(result.get("stderr") or ""), str(result.get("stdout") or "")
+    reason = apt_reason(msg, stderr, stdout, warnings=False)
+    if reason:
+        return reason
+    if msg and msg != "non-zero return code":
+        return msg
+    return (stderr.strip() or stdout.strip() or msg or "no output")[-600:]
+
+
+STATE_KEYS = ("package_version", "selected_path", "selected", "status", "fact", "facts", "systemd_env_existed",
+              "recorded")
+
+
+def rollback_state(content_b64, path="the rollback state file") -> dict:
+    """The state an earlier run recorded before its first change (slurp's base64 of the JSON file
+    tasks/state.yml writes). A file that is not such a state is an error naming it: silently
+    taking the host as it is now would "restore" whatever half-changed state it is in."""
+    try:
+        state = json.loads(base64.b64decode(str(content_b64 or "")).decode("utf-8"))
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        state, error = None, str(exc)
+    else:
+        missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else []
+        error = "missing %s" % ", ".join(missing) if isinstance(state, dict) else "not a mapping"
+    if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
+        raise AnsibleFilterError(
+            "%s is not a rollback state written by role cuda_toolkit (%s). It would say which toolkit to go back to "
+            "after an interrupted run: select the toolkit you want by hand (update-alternatives --set cuda "
+            "/usr/local/cuda-X.Y), delete the file, then run again." % (path, error))
+    return {k: state[k] for k in STATE_KEYS}
+
+
 def gpu_jobs(reap_result) -> list:
     """'PID <pid> (<cmdline>)' for every process gpu_reap would stop."""
     jobs = []
@@ -166,21 +209,12 @@ def gpu_jobs(reap_result) -> list:
     return jobs
 
 
-def rollback_report(toolkit, previous, failure, after, removed=None, reinstalled=None, host="the host",
-                    link="/usr/local/cuda") -> str:
-    """The message the play fails with after a rollback: what failed, what was put back, and
-    whether the host is as it was (the previous selection back, the package as it was).
-
-    previous: the state recorded in preflight (selected_path, package_version); after: gpu_facts
-    after the rollback; removed / reinstalled: the registered apt results (None or skipped when
-    the step did not run).
-    """
+def _rollback_outcome(toolkit, previous, after, removed=None, reinstalled=None):
+    """(selection back as before, package as before, what was done to the package)."""
     def ran(result):
         return bool(result) and not result.get("skipped")
 
     after = after or {}
-    was = previous.get("selected_path") or ""
-    now = after.get("cuda_selected_path") or ""
     package_ok = True
     if ran(removed) and removed.get("failed"):
         package = "%s could NOT be removed (%s)" % (toolkit["package"], _output(removed, 200))
@@ -195,11 +229,42 @@ def rollback_report(toolkit, previous, failure, after, removed=None, reinstalled
         package = "%s back at %s" % (toolkit["package"], previous.get("package_version"))
     else:
         package = "packages left as they are"
+    selection_ok = (after.get("cuda_selected_path") or "") == (previous.get("selected_path") or "")
+    return selection_ok, package_ok, package
+
+
+def rollback_restored(toolkit, previous, after, removed=None, reinstalled=None) -> bool:
+    """Whether the rollback put the host back as it was: the selection and the package (the role
+    deletes the recorded rollback state only then)."""
+    selection_ok, package_ok, _package = _rollback_outcome(toolkit, previous, after, removed, reinstalled)
+    return selection_ok and package_ok
+
+
+def rollback_report(toolkit, previous, failure, after, removed=None, reinstalled=None, host="the host",
+                    link="/usr/local/cuda", state_file="") -> str:
+    """The message the play fails with after a rollback: what failed, what was put back, and
+    whether the host is as it was (the previous selection back, the package as it was).
+
+    previous: the state recorded in preflight (selected_path, package_version; `recorded` when it
+    was read from the rollback state file an interrupted run wrote); after: gpu_facts after the
+    rollback; removed / reinstalled: the registered apt results (None or skipped when the step did
+    not run); state_file: where that state is kept until the host is back or converged.
+    """
+    after = after or {}
+    was = previous.get("selected_path") or ""
+    now = after.get("cuda_selected_path") or ""
+    selection_ok, package_ok, package = _rollback_outcome(toolkit, previous, after, removed, reinstalled)
     selection = "%s -> %s (nvcc release %s%s)" % (
         link, now or "nothing", after.get("nvcc_release") or "none",
-        ", as before" if now == was else ", NOT what was selected before: %s" % (was or "nothing"))
-    verdict = ("The host is as it was before this run." if now == was and package_ok
-               else "Check the host by hand.")
+        ", as before" if selection_ok else ", NOT what was selected before: %s" % (was or "nothing"))
+    recorded = previous.get("recorded") or ""
+    before = (" before the interrupted run of %s" % recorded) if recorded else " before this run"
+    if selection_ok and package_ok:
+        verdict = "The host is as it was%s." % before
+    else:
+        verdict = "The host is NOT as it was%s: check it by hand%s." % (
+            before, ("; the state to restore stays in %s, so the next run puts it back" % state_file)
+            if state_file else "")
     return ("CUDA %s on %s failed, so the previous toolkit was put back. Failed: %s. Rollback: %s; %s. %s "
             "Fix the cause and run again." % (toolkit["version"], host, str(failure).strip().rstrip("."),
                                               selection, package, verdict))
@@ -258,6 +323,9 @@ class FilterModule:
             "cuda_toolkit_nvcc": nvcc_release,
             "cuda_toolkit_verify_problems": verify_problems,
             "cuda_toolkit_rollback_report": rollback_report,
+            "cuda_toolkit_rollback_restored": rollback_restored,
+            "cuda_toolkit_rollback_state": rollback_state,
             "cuda_toolkit_gpu_jobs": gpu_jobs,
+            "cuda_toolkit_failure_reason": failure_reason,
             "cuda_toolkit_stack_table": stack_table,
         }

@@ -43,7 +43,7 @@ for name in cuda cuda-12 cuda-13; do update-alternatives --remove-all $name >/de
 rm -rf /usr/local/cuda-12.8 /usr/local/cuda-13.0 /opt/sglang /etc/apt/keyrings/servelab-cuda.* \
   /etc/apt/sources.list.d/servelab-cuda.sources /etc/apt/sources.list.d/cuda-*.list \
   /etc/profile.d/servelab-cuda.sh /etc/ansible/facts.d/servelab_cuda.fact /etc/ansible/facts.d/servelab_sglang.fact \
-  /etc/systemd/system.conf.d/servelab-cuda.conf
+  /etc/systemd/system.conf.d/servelab-cuda.conf /var/lib/servelab/cuda_toolkit-rollback.json
 """
 
 

@@ -193,12 +193,27 @@ def test_rollback_report_says_when_the_host_is_not_as_it_was():
     assert "/usr/local/cuda -> /usr/local/cuda-13.0 (nvcc release none, NOT what was selected before: " \
            "/usr/local/cuda-12.8)" in report
     assert "cuda-toolkit-13-0 could NOT be removed (dpkg was interrupted)" in report
-    assert report.endswith("Check the host by hand. Fix the cause and run again.")
+    assert report.endswith("The host is NOT as it was before this run: check it by hand. Fix the cause and run again.")
+    assert not filters.rollback_restored(T13, PREVIOUS, after, {"failed": True, "msg": "x"}, None)
     # The selection is back but the package could not be put back: still not "as it was".
     back = {"cuda_selected_path": "/usr/local/cuda-12.8", "nvcc_release": "12.8"}
     report = filters.rollback_report(T13, dict(PREVIOUS, package_version="13.0.0-1"), FAILURE, back, None,
                                      {"failed": True, "msg": "Version '13.0.0-1' for 'cuda-toolkit-13-0' was not found"})
-    assert "could NOT be reinstalled" in report and "Check the host by hand." in report
+    assert "could NOT be reinstalled" in report and "check it by hand" in report
+
+
+def test_rollback_report_of_a_state_recorded_by_an_interrupted_run():
+    after = {"cuda_selected_path": "/usr/local/cuda-12.8", "nvcc_release": "12.8"}
+    previous = dict(PREVIOUS, recorded="2026-12-03T14:30:00Z")
+    report = filters.rollback_report(T13, previous, FAILURE, after, {"changed": True}, None, "ct129",
+                                     state_file="/var/lib/servelab/cuda_toolkit-rollback.json")
+    assert "The host is as it was before the interrupted run of 2026-12-03T14:30:00Z." in report
+    assert filters.rollback_restored(T13, previous, after, {"changed": True}, None)
+    stuck = {"cuda_selected_path": "/usr/local/cuda-13.0", "nvcc_release": None}
+    report = filters.rollback_report(T13, previous, FAILURE, stuck, {"failed": True, "msg": "lock"}, None, "ct129",
+                                     state_file="/var/lib/servelab/cuda_toolkit-rollback.json")
+    assert ("NOT as it was before the interrupted run of 2026-12-03T14:30:00Z: check it by hand; the state to restore "
+            "stays in /var/lib/servelab/cuda_toolkit-rollback.json, so the next run puts it back") in report
 
 
 def test_systemd_drop_in_gives_every_service_the_toolkit_environment():
@@ -215,3 +230,41 @@ def test_systemd_drop_in_gives_every_service_the_toolkit_environment():
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert lines == ["[Manager]", 'DefaultEnvironment="CUDA_HOME=/usr/local/cuda" '
                      '"LD_LIBRARY_PATH=/usr/local/cuda/lib64" "PATH=/usr/local/cuda/bin:/usr/bin:/bin"']
+
+
+def test_the_failure_reason_leads_with_apts_own_words():
+    from ansible_collections.servelab.serving.plugins.filter.cuda_toolkit import failure_reason
+    # apt-get install --simulate of a version the repository lacks: the command module says only "non-zero return code".
+    missing = {"msg": "non-zero return code", "rc": 100, "stdout": "Reading package lists...\\n",
+               "stderr": "E: Version '13.0.9-1' for 'cuda-toolkit-13-0' was not found\n"}
+    assert failure_reason(missing) == "E: Version '13.0.9-1' for 'cuda-toolkit-13-0' was not found"
+    # A full disk: the apt module's msg starts with debconf's warning.
+    full = {"msg": "'/usr/bin/apt-get -y install cuda-toolkit-13-0=13.0.1-1' failed: debconf: delaying package "
+                   "configuration, since apt-utils is not installed\ndpkg: error processing archive x.deb (--unpack):\n"
+                   " cannot copy extracted data for './usr/local/cuda-13.0/lib64/libx.so': failed to write "
+                   "(No space left on device)\nE: Sub-process /usr/bin/dpkg returned an error code (1)\n"}
+    reason = failure_reason(full)
+    assert reason.startswith("cannot copy extracted data") and "No space left on device" in reason, reason
+    assert "debconf" not in reason
+    # Not apt: Ansible's own message.
+    assert failure_reason({"msg": "CUDA 13.0.1 on ct129: nvcc failed"}) == "CUDA 13.0.1 on ct129: nvcc failed"
+    assert failure_reason({"msg": "non-zero return code", "stderr": "boom\n"}) == "boom"
+
+
+def test_the_recorded_rollback_state_is_read_back_or_refused():
+    import base64
+    import json as _json
+
+    import pytest as _pytest
+    from ansible.errors import AnsibleFilterError
+
+    state = {"package_version": "", "selected_path": "/usr/local/cuda-12.8", "selected": "12.8", "status": "auto",
+             "fact": "", "facts": {}, "systemd_env_existed": False, "recorded": "2026-12-03T14:30:00Z",
+             "target": "cuda-toolkit-13-0=13.0.1-1"}
+    encoded = base64.b64encode(_json.dumps(state).encode()).decode()
+    back = filters.rollback_state(encoded, "/var/lib/servelab/x.json")
+    assert back["selected_path"] == "/usr/local/cuda-12.8" and back["recorded"] == "2026-12-03T14:30:00Z"
+    assert "target" not in back
+    for bad in (base64.b64encode(b"{not json").decode(), base64.b64encode(b'{"selected_path": "x"}').decode()):
+        with _pytest.raises(AnsibleFilterError, match=r"/var/lib/servelab/x.json is not a rollback state .* delete the file"):
+            filters.rollback_state(bad, "/var/lib/servelab/x.json")
