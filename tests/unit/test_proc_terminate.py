@@ -373,3 +373,32 @@ def test_gpu_reap_goes_through_terminate(tmp_path, recorded_plans):
         assert not is_alive(worker["pid"])
     finally:
         sp.cleanup()
+
+
+# ---------------------------------------------------------------------------------------------
+# end_children: our own children, told to stop some other way
+
+
+def test_end_children_signals_nothing_that_exits_by_itself(kids, recorded_plans):
+    leaving = kids.start("leaves")          # ignores SIGTERM, exits 0.5 s after it is ready
+    assert proc_terminate.end_children([leaving.pid], wait=10, grace=1, kill_timeout=5) is None
+    assert recorded_plans == [] and leaving.signals_received() == []
+    assert leaving.popen.poll() == 0        # reaped here: its exit code was collected
+
+
+def test_end_children_ends_what_is_still_running_after_the_wait(kids, recorded_plans):
+    stubborn = kids.start("stubborn")
+    result = proc_terminate.end_children([stubborn.pid], wait=0.2, grace=0.2, kill_timeout=5)
+    assert [t.pid for t in recorded_plans[0].targets] == [stubborn.pid]
+    assert pids(result.killed)[stubborn.pid].signal == SIGKILL
+    assert not is_alive(stubborn.pid)
+
+
+def test_end_children_leaves_the_reaping_to_the_owner_when_asked(kids):
+    polite = kids.start("polite")
+    result = proc_terminate.end_children([polite.pid], wait=0, grace=5, kill_timeout=5,
+                                         reap=False)
+    assert pids(result.killed)[polite.pid].signal == SIGTERM
+    assert read_stat(polite.pid).state == "Z"   # a zombie until its Popen collects it
+    assert polite.popen.wait(timeout=5) == 0
+
