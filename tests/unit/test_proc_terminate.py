@@ -402,3 +402,29 @@ def test_end_children_leaves_the_reaping_to_the_owner_when_asked(kids):
     assert read_stat(polite.pid).state == "Z"   # a zombie until its Popen collects it
     assert polite.popen.wait(timeout=5) == 0
 
+
+def test_the_load_generator_stops_its_client_processes_through_terminate(monkeypatch,
+                                                                          recorded_plans):
+    """A client process that handed over its result but does not exit is ended, not left."""
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import (
+        LevelConfig, LoadgenError,
+    )
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
+
+    def stuck_client(cfg, index, nproc, worker_ids, wires, shm_map, pipe, spool_dir):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pipe.send({"error": "stuck client %d" % os.getpid()})
+        pipe.close()
+        while True:
+            signal.pause()
+
+    monkeypatch.setattr(level, "_client_main", stuck_client)
+    monkeypatch.setattr(level, "CLIENT_EXIT_S", 0.3)
+    cfg = LevelConfig(base_url="http://127.0.0.1:9", model="m", concurrency=1,
+                      server_metrics=False, processes=1)
+    with pytest.raises(LoadgenError, match="stuck client") as failed:
+        level.run_level(cfg, load({"kind": "synthetic", "input_tokens": 8, "output_tokens": 4}))
+    pid = int(str(failed.value).split("stuck client ")[1].split()[0])
+    assert [t.pid for t in recorded_plans[0].targets] == [pid]
+    assert not is_alive(pid)

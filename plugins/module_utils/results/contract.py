@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from typing import Iterable
 
 MANIFEST = "manifest.json"
 REQUESTS = "requests.jsonl"
@@ -45,13 +46,20 @@ def atomic_write_text(path: str, text: str, mode: int = 0o644) -> None:
 
     Results are 0644 (meant to be read by the team, like any other file); private state files
     (a server's state, which names its secrets' places) pass 0o600."""
+    atomic_write_chunks(path, (text,), mode)
+
+
+def atomic_write_chunks(path: str, chunks: Iterable[str], mode: int = 0o644) -> None:
+    """atomic_write_text of the concatenated `chunks`, written as they come (a level's request
+    records are streamed, never held whole)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            for chunk in chunks:
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
