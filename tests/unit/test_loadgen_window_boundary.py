@@ -128,3 +128,15 @@ def test_the_level_ends_only_after_every_process_settled_against_we():
     shm[lv.G_SLOTS + lv.C_SLOTS + lv.C_SYNCED_WE] = 200
     ctl.step(310)
     assert shm[lv.G_STOP] == lv.STOP_DONE
+
+
+def test_the_window_keeps_no_token_samples_unless_the_adaptive_rule_needs_them():
+    shm = shared(1)
+    for target, kept in ((None, 0), (2.0, 1)):
+        cfg = LevelConfig(base_url="http://127.0.0.1:9", concurrency=2, warmup_requests=0,
+                          target_ci_pct=target)
+        ctl = level_mod._Controller(cfg, shm, 1)
+        shm[lv.G_T0], shm[lv.G_WS], shm[lv.G_WE], shm[lv.G_STOP] = 1, 100, 0, 0
+        shm[lv.G_SLOTS + lv.C_OK] = 1
+        ctl.step(200)
+        assert len(ctl.token_samples) == kept

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -428,3 +429,6 @@ def test_the_load_generator_stops_its_client_processes_through_terminate(monkeyp
     pid = int(str(failed.value).split("stuck client ")[1].split()[0])
     assert [t.pid for t in recorded_plans[0].targets] == [pid]
     assert not is_alive(pid)
+    # A failed level leaves no records behind (loadgen/spool.py).
+    assert not [d for d in os.listdir(tempfile.gettempdir())
+                if d.startswith("servelab-level-%d-" % os.getpid())]

@@ -100,7 +100,7 @@ class _Client(OpenLoop):
         self.order = list(range(len(wires)))
         rng.shuffle(self.order)
         self.rng = rng
-        self.lag_window: List[float] = []
+        self.lag_window = array("d")     # seconds; 8 bytes a tick, not a float object
         self.lag_max = 0.0
         self.ticks = 0
         self.synced = (0, 0)        # the (ws, we) that _reconcile last settled

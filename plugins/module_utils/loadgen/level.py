@@ -98,7 +98,9 @@ class _Controller:
         self.min_window = max(cfg.min_window_requests if cfg.min_window_requests is not None
                               else (c if self.closed_loop else 10), cfg.min_latency_samples)
         self.window_complete = True
-        self.token_samples: List = []     # (t_ns, cumulative tokens) inside the window
+        # (t_ns, cumulative tokens) inside the window, for the adaptive-precision rule only:
+        # 100 a second, kept only when target_ci_pct asks for them.
+        self.token_samples: List = []
         self.on_ws = None
         self.on_we = None
 
@@ -162,7 +164,8 @@ class _Controller:
         we = shm[G_WE]
         if not we:
             sent = self.total(C_WIN_SENT)
-            self.token_samples.append((now, self.total(C_TOKENS)))
+            if cfg.target_ci_pct:
+                self.token_samples.append((now, self.total(C_TOKENS)))
             long_enough = now - ws >= cfg.level_seconds * NS_PER_S and sent >= self.min_window
             if long_enough and cfg.target_ci_pct:
                 ci = self.live_ci_pct(now)
@@ -203,6 +206,18 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
              for p in workload.prompts]
     if not wires:
         raise LoadgenError("workload: no prompts")
+    spool_dir = spool_directory()
+    try:
+        return _measure(cfg, endpoint, wires, spool_dir)
+    except BaseException:
+        # A level that failed or was interrupted leaves no records behind.
+        shutil.rmtree(spool_dir, ignore_errors=True)
+        raise
+
+
+def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes],
+             spool_dir: str) -> LevelResult:
+    """run_level's level, its records spooled under `spool_dir` (the caller's to remove)."""
     c = int(cfg.concurrency)
     nproc = max(1, min(int(cfg.processes) or auto_processes(c), c))
     worker_sets = [list(range(i, c, nproc)) for i in range(nproc)]
@@ -217,7 +232,6 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
     shm[G_T0] = time.monotonic_ns()
     procs, pipes = [], []
     results: Dict[int, dict] = {}
-    spool_dir = spool_directory()
     try:
         for i in range(nproc):
             parent_end, child_end = ctx.Pipe(duplex=False)
@@ -284,7 +298,6 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
             pipe.close()
     errors = [r["error"] for r in results.values() if "error" in r]
     if errors:
-        shutil.rmtree(spool_dir, ignore_errors=True)
         raise LoadgenError("load generator failed:\n" + "\n".join(errors))
     stop = shm[G_STOP]
     ws, we = shm[G_WS], shm[G_WE]
