@@ -84,6 +84,8 @@ class LevelResult:
 
 
 class _Controller:
+    """The parent's part of a level: ws, we and the stop, decided from the shared counters."""
+
     def __init__(self, cfg: LevelConfig, shm, nproc: int):
         self.cfg = cfg
         self.shm = shm

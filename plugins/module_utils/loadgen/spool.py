@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import weakref
 from array import array
+from collections.abc import Sequence as SequenceBase
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -152,7 +153,7 @@ def _by_send_time(p: int, t_sends: array) -> List[tuple]:
     return [(t_sends[i], p, i) for i in sorted(range(len(t_sends)), key=t_sends.__getitem__)]
 
 
-class RequestRows(Sequence):
+class RequestRows(SequenceBase):
     """A level's request rows, merged from the client processes' rows files by send time.
 
     `lines()` streams them as the part file's lines; iterating yields the row dicts (as read
