@@ -38,7 +38,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import collection_link  # noqa: E402
 collection_link.importable()
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import percentile  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import synthetic  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: E402

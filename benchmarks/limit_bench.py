@@ -79,7 +79,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.table impo
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (  # noqa: E402
     level_configs, run_levels,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import (  # noqa: E402
     LoadgenError,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (  # noqa: E402

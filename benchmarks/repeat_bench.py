@@ -67,7 +67,8 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 import collection_link  # noqa: E402
 collection_link.importable()
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import request_body  # noqa: E402
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import builtin  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: E402
 

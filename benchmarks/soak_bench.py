@@ -38,8 +38,8 @@ LEVEL = textwrap.dedent("""\
     sys.path.insert(0, %r)
     import collection_link
     collection_link.importable()
-    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-        LevelConfig, run_level)
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
     url, c, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     cfg = LevelConfig(base_url=url, model="servelab-sim", concurrency=c, max_tokens=512,

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import percentile, weighted_percentile
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import synthetic
 from simproc import ServerProcess

@@ -25,7 +25,7 @@ SWEEP = textwrap.dedent("""\
     import collection_link
     collection_link.importable()
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import run_levels
-    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
     configs = [LevelConfig(base_url=sys.argv[1], model="m", concurrency=c, max_tokens=12,
                            level_seconds=30, level_timeout=120, server_metrics=False,

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen import cpu as cpumod
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level as lv
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen import honesty as hn
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelPart
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import LevelRow
 
@@ -60,7 +60,7 @@ def client_result(total_s, window_s):
 def honesty(results, cpu, window_s=1.0):
     r = row()
     part = LevelPart(ws=1, we=1 + int(window_s * 1e9))
-    lv._client_honesty(r, results, part, len(results), cpu)
+    hn.client_honesty(r, results, part, len(results), cpu)
     return r
 
 
@@ -82,7 +82,7 @@ def test_module_ansible_and_host_figures_reach_the_row():
 
 
 def test_client_limited_counts_the_module_and_ansible_beside_the_clients(monkeypatch):
-    monkeypatch.setattr(lv, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(hn, "usable_cpus", lambda: 2)
     # Two clients at 60% of a core each: neither is limited alone, nor are both (1.2 of 2 CPUs).
     results = [client_result(1.0, 0.6), client_result(1.0, 0.6)]
     assert not honesty(results, FakeCpu(clients_ns=2e9, overhead_ns=int(0.3e9))).client_limited
@@ -184,8 +184,8 @@ def test_level_cpu_marks_and_window_figures():
     (2, 1, 1), (2, 256, 1),            # a 2-core machine: one CPU is left to everything else
     (16, 1, 1), (16, 128, 1), (16, 129, 2), (16, 256, 2), (16, 5000, 15), (1, 256, 1)])
 def test_automatic_processes_leave_a_cpu_to_the_rest(monkeypatch, cpus, concurrency, expected):
-    monkeypatch.setattr(lv, "usable_cpus", lambda: cpus)
-    assert lv.auto_processes(concurrency) == expected
+    monkeypatch.setattr(hn, "usable_cpus", lambda: cpus)
+    assert hn.auto_processes(concurrency) == expected
 
 
 SIBLING_STANDIN = textwrap.dedent("""\

@@ -23,9 +23,8 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen import drain
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import run_levels
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import http_get
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-    LevelConfig, run_level,
-)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.server_metrics import (
     parse_prometheus,

@@ -11,8 +11,9 @@ import random
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
-    Endpoint, StreamConnection, request_body,
+    Endpoint, request_body,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.stream import StreamConnection
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import RequestTiming, TOKENS_CHUNKS, TOKENS_SERVER
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import Prompt
 

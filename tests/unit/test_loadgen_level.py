@@ -16,7 +16,8 @@ from collections import defaultdict
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX, percentile
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load

@@ -11,7 +11,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
     BenchOptionsError, level_configs,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
     ACTION_ARGUMENT_SPEC, ACTION_ONLY_OPTIONS, ARGUMENT_SPEC, with_defaults,
 )

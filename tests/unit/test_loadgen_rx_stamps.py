@@ -12,7 +12,8 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils import netstamp
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen import http
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import RequestTiming
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
 from simproc import ServerProcess

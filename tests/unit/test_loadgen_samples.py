@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
 from simproc import ServerProcess
 

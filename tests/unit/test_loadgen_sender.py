@@ -12,11 +12,11 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen import sender as sd
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
-    RxStampTransport, StreamConnection, new_socket,
+    RxStampTransport, new_socket,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-    LevelConfig, _Client,
-)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.stream import StreamConnection
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.client import _Client
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import RX_USER
 
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -408,3 +409,61 @@ def test_end_group_ends_the_whole_group_not_only_its_leader():
         if leader.poll() is None:
             leader.kill()
         leader.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------
+# end_children: our own children, told to stop some other way
+
+
+def test_end_children_signals_nothing_that_exits_by_itself(kids, recorded_plans):
+    leaving = kids.start("leaves")          # ignores SIGTERM, exits 0.5 s after it is ready
+    assert proc_terminate.end_children([leaving.pid], wait=10, grace=1, kill_timeout=5) is None
+    assert recorded_plans == [] and leaving.signals_received() == []
+    assert leaving.popen.poll() == 0        # reaped here: its exit code was collected
+
+
+def test_end_children_ends_what_is_still_running_after_the_wait(kids, recorded_plans):
+    stubborn = kids.start("stubborn")
+    result = proc_terminate.end_children([stubborn.pid], wait=0.2, grace=0.2, kill_timeout=5)
+    assert [t.pid for t in recorded_plans[0].targets] == [stubborn.pid]
+    assert pids(result.killed)[stubborn.pid].signal == SIGKILL
+    assert not is_alive(stubborn.pid)
+
+
+def test_end_children_leaves_the_reaping_to_the_owner_when_asked(kids):
+    polite = kids.start("polite")
+    result = proc_terminate.end_children([polite.pid], wait=0, grace=5, kill_timeout=5,
+                                         reap=False)
+    assert pids(result.killed)[polite.pid].signal == SIGTERM
+    assert read_stat(polite.pid).state == "Z"   # a zombie until its Popen collects it
+    assert polite.popen.wait(timeout=5) == 0
+
+
+def test_the_load_generator_stops_its_client_processes_through_terminate(monkeypatch,
+                                                                          recorded_plans):
+    """A client process that handed over its result but does not exit is ended, not left."""
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import (
+        LevelConfig, LoadgenError,
+    )
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
+
+    def stuck_client(cfg, index, nproc, worker_ids, wires, shm_map, pipe, spool_dir):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pipe.send({"error": "stuck client %d" % os.getpid()})
+        pipe.close()
+        while True:
+            signal.pause()
+
+    monkeypatch.setattr(level, "_client_main", stuck_client)
+    monkeypatch.setattr(level, "CLIENT_EXIT_S", 0.3)
+    cfg = LevelConfig(base_url="http://127.0.0.1:9", model="m", concurrency=1,
+                      server_metrics=False, processes=1)
+    with pytest.raises(LoadgenError, match="stuck client") as failed:
+        level.run_level(cfg, load({"kind": "synthetic", "input_tokens": 8, "output_tokens": 4}))
+    pid = int(str(failed.value).split("stuck client ")[1].split()[0])
+    assert [t.pid for t in recorded_plans[0].targets] == [pid]
+    assert not is_alive(pid)
+    # A failed level leaves no records behind (loadgen/spool.py).
+    assert not [d for d in os.listdir(tempfile.gettempdir())
+                if d.startswith("servelab-level-%d-" % os.getpid())]

@@ -13,9 +13,8 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.caller im
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.drain import (
     NOT_DRAINED, Drainer, drain_plan,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-    LevelConfig, LoadgenError, run_level,
-)
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig, LoadgenError
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
     ACTION_ONLY_OPTIONS, level_fields, with_defaults,

@@ -370,18 +370,24 @@ class LevelPart:
 
 
 def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches: int,
-                    slo: Dict[str, Optional[float]]) -> LevelPart:
+                    slo: Dict[str, Optional[float]],
+                    per_token_itl: Optional[bool] = None) -> LevelPart:
     """Reduce one process's requests to a LevelPart for the window [ws, we) (ws == we == 0: no
-    window). Window requests are those flagged in_window by the load generator."""
+    window). Window requests are those flagged in_window by the load generator.
+    `per_token_itl`, when the caller tracked it as the requests finished (every successful
+    request had per-chunk counts, and one succeeded), lets `requests` be a stream read once
+    (the load generator's spool) instead of a list."""
     part = LevelPart(ws=ws, we=we, batches=batches)
     has_window = we > ws > 0
     nb = batches if has_window else 0
     part.batch_tokens = [0.0] * nb
     span = (we - ws) if has_window else 1
-    requests = list(requests)
-    # Per-token ITL needs per-chunk counts on every successful request of the level.
-    part.per_token_itl = all(r.chunk_tokens is not None for r in requests if r.ok) and any(
-        r.ok for r in requests)
+    if per_token_itl is None:
+        requests = list(requests)
+        # Per-token ITL needs per-chunk counts on every successful request of the level.
+        per_token_itl = all(r.chunk_tokens is not None for r in requests if r.ok) and any(
+            r.ok for r in requests)
+    part.per_token_itl = per_token_itl
     for r in requests:
         if r.cancelled:
             part.cancelled += 1

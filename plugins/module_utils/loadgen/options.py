@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields
 
-from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
-    APIS, ARRIVALS, LOAD_MODES, RX_MODES, LevelConfig,
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import APIS, RX_MODES
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import (
+    ARRIVALS, LOAD_MODES, LevelConfig,
 )
 
 _LEVEL_DEFAULTS = {f.name: f.default for f in fields(LevelConfig) if f.default is not MISSING}

@@ -19,6 +19,10 @@ Never signalled, whatever the plan lists: a protected pid (`plan.protected`, and
 is pinned by its identity as selected (pid + start time, a pidfd where the kernel has them) and
 re-checked before each signal, so a pid recycled meanwhile is never hit. A zombie counts as gone:
 it has released its memory and device files, only its parent can reap it.
+
+`end_children(pids, wait, ...)` is the same for this process's own children that were told to
+stop some other way (the load generator's client and sender processes poll a shared stop flag):
+it waits for them to exit by themselves, and hands what is left to `terminate`.
 Standard library only.
 """
 from __future__ import annotations
@@ -131,6 +135,43 @@ def terminate(plan: TerminationPlan) -> TerminationResult:
         return run.execute()
     finally:
         run.close()
+
+
+def end_children(pids: Iterable[int], wait: float, grace: float = 5.0,
+                 kill_timeout: float = 5.0, reap: bool = True,
+                 proc_root: str = PROC) -> Optional[TerminationResult]:
+    """Children of this process that were told to stop: wait up to `wait` for them to exit by
+    themselves, then end what is left with terminate() (SIGTERM, `grace`, SIGKILL). `reap`:
+    waitpid() them (children of os.fork); False leaves that to their owner (a
+    multiprocessing.Process, whose join() must do it: a waitpid here would leave it believing
+    the child alive). None when every one exited by itself."""
+    infos = [read_process(pid, proc_root, stat_only=True) for pid in pids]
+    pins = [PinnedProcess(info, proc_root) for info in infos
+            if info is not None and not info.gone]
+    live: List[PinnedProcess] = []
+    try:
+        reaped: Set[int] = set()
+        deadline = time.monotonic() + wait
+        delay = _POLL_FIRST
+        while True:
+            live = [p for p in pins if p.alive()]
+            if reap:
+                exited = [p.pid for p in pins if p.pid not in reaped and p not in live]
+                collect_exited_children(exited)
+                reaped.update(exited)
+            left = deadline - time.monotonic()
+            if not live or left <= 0:
+                break
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX)
+    finally:
+        for p in pins:
+            p.close()
+    if not live:
+        return None
+    return terminate(TerminationPlan(targets=[p.info for p in live], grace=grace,
+                                     kill_timeout=kill_timeout, collect_children=reap,
+                                     proc_root=proc_root))
 
 
 class _Tracked:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from typing import Iterable, Union
 
 MANIFEST = "manifest.json"
 REQUESTS = "requests.jsonl"
@@ -45,18 +46,25 @@ def atomic_write_text(path: str, text: str, mode: int = 0o644) -> None:
 
     Results are 0644 (meant to be read by the team, like any other file); private state files
     (a server's state, which names its secrets' places) pass 0o600."""
-    atomic_write_bytes(path, text.encode("utf-8"), mode)
+    atomic_write_chunks(path, (text,), mode)
 
 
 def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
     """atomic_write_text for bytes (the simulator's zipapp)."""
+    atomic_write_chunks(path, (data,), mode)
+
+
+def atomic_write_chunks(path: str, chunks: Iterable[Union[str, bytes]], mode: int = 0o644) -> None:
+    """atomic_write_text of the concatenated `chunks` (text or bytes), written as they come (a
+    level's request records are streamed, never held whole)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for chunk in chunks:
+                fh.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -20,10 +20,10 @@ import io
 import json
 import os
 import re
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
-    LEVELS, PARTS_DIR, REQUESTS, atomic_write_text,
+    LEVELS, PARTS_DIR, REQUESTS, atomic_write_chunks, atomic_write_text,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     LOAD_MODE_RATE, csv_cell, csv_columns, row_from_csv,
@@ -56,15 +56,20 @@ def part_stem(row: dict) -> str:
     return stem
 
 
-def _jsonl(records: Iterable[dict]) -> str:
-    return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
+def _jsonl(records: Iterable[dict]) -> Iterator[str]:
+    """The .jsonl's lines. A level's rows as the load generator returns them (loadgen/spool.py
+    RequestRows) are already these lines, streamed from its files."""
+    lines = getattr(records, "lines", None)
+    if lines is not None:
+        return lines()
+    return (json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
 
 
-def write_level_files(directory: str, row: dict, requests: List[dict],
+def write_level_files(directory: str, row: dict, requests: Iterable[dict],
                       warnings: Optional[List[str]] = None) -> Tuple[str, str]:
     """Write one level's part files atomically (requests first: a .json means a complete level)."""
     stem = os.path.join(directory, part_stem(row))
-    atomic_write_text(stem + ".jsonl", _jsonl(requests))
+    atomic_write_chunks(stem + ".jsonl", _jsonl(requests))
     atomic_write_text(stem + ".json", json.dumps({"level": row, "warnings": warnings or []},
                                                  indent=1, sort_keys=True, default=str) + "\n")
     return stem + ".json", stem + ".jsonl"

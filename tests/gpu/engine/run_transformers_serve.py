@@ -121,7 +121,8 @@ def server_request(args, state_dir, state="started"):
 
 def sweep(base_url, model, levels, seconds, max_tokens):
     """Closed-loop levels with servelab's load generator (loadgen.py)."""
-    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import LevelConfig, run_level
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import builtin
     rows = []
     for c in levels:
