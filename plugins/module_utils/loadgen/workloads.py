@@ -296,7 +296,7 @@ def _fraction(spec: dict, key: str, default: float, low: float, high: Optional[f
         value = float(spec.get(key, default))
     except (TypeError, ValueError):
         value = float("nan")
-    if not (value >= low and (high is None or value < high)) or value != value:
+    if not (value >= low and (high is None or value < high)):      # NaN fails both
         raise WorkloadError("workload.%s: expected a number %s %g%s, got %r" % (
             key, ">=" if low == 0 else ">", low, " and below %g" % high if high else "",
             spec.get(key)))
