@@ -21,7 +21,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options i
     ACTION_ONLY_OPTIONS, level_fields, with_defaults,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import (
-    Workload, WorkloadError, check_spec, load,
+    Workload, WorkloadError, check_spec, load, with_ignore_eos,
 )
 
 __all__ = ["ACTION_ONLY_OPTIONS", "BenchOptionsError", "level_configs", "run_levels"]
@@ -71,6 +71,8 @@ def level_configs(params: dict, read_workload: bool = True
     params = with_defaults(params)
     try:
         workload = load(params["workload"]) if read_workload else None
+        if workload is not None:
+            workload = with_ignore_eos(workload, params.get("ignore_eos"))
         if not read_workload:
             check_spec(params["workload"])
     except WorkloadError as exc:
@@ -83,7 +85,9 @@ def level_configs(params: dict, read_workload: bool = True
             slo[key] = None if value in (None, "") else float(value)
         except (TypeError, ValueError):
             raise BenchOptionsError("slo.%s: expected milliseconds, got %r" % (key, value)) from None
-    common = dict(level_fields(params), slo=slo, extra_body=dict(params["extra_body"]))
+    # ignore_eos unset: the prompts decide (with_ignore_eos); the level adds it only when true.
+    common = dict(level_fields(params), slo=slo, extra_body=dict(params["extra_body"]),
+                  ignore_eos=params.get("ignore_eos") is True)
     configs = []
     for concurrency, rate in _levels(params):
         cfg = LevelConfig(**dict(common, concurrency=concurrency, request_rate=rate))

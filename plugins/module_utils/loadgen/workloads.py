@@ -8,13 +8,15 @@ A workload is a dict (the `workload` option of llm_bench; `type` is accepted for
       one JSON object per line: {"prompt": "..."} or {"messages": [...]}, optional "max_tokens"
 Synthetic prompts ask for exactly `output_tokens` with ignore_eos (SGLang and vLLM honour it), so
 every request generates the same number of tokens; the server still reports what it generated.
+ignore_eos is not in the OpenAI API: llm_bench's `ignore_eos: false` takes it off every prompt
+(with_ignore_eos), for a server that refuses unknown fields.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 WORKLOAD_TYPES = ("builtin", "synthetic", "jsonl")
@@ -42,6 +44,16 @@ class Workload:
     kind: str
     prompts: List[Prompt] = field(default_factory=list)
     description: str = ""
+
+
+def with_ignore_eos(workload: Workload, setting: Optional[bool]) -> Workload:
+    """The workload as llm_bench's `ignore_eos` option leaves it: unset (None) or true keep each
+    prompt's own flag (true adds it everywhere through LevelConfig.ignore_eos); false clears it on
+    every prompt, so no request body carries the field. Runs once, before the level: the send
+    path's request_body is untouched."""
+    if setting is not False or not any(p.ignore_eos for p in workload.prompts):
+        return workload
+    return replace(workload, prompts=[replace(p, ignore_eos=False) for p in workload.prompts])
 
 
 _SYSTEM = ("You are a senior software engineer working in a terminal-based coding agent. Answer "

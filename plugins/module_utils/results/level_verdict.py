@@ -12,8 +12,9 @@ Standard library only.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     ITL_BASIS_CHUNK, STOP_SERVER_FAILING, TOKENS_SERVER, as_bool,
@@ -73,6 +74,50 @@ def _first_error(row: Mapping) -> str:
     return _text(row, "first_error")[:FIRST_ERROR_CHARS]
 
 
+# How servers word "this request field is not mine" in a 4xx body: transformers serve ("Unexpected
+# fields in the request: {'ignore_eos'}"), pydantic's extra="forbid" (FastAPI: "extra_forbidden"
+# with "loc": ["body", "ignore_eos"]), OpenAI ("Unrecognized request argument supplied: x") and
+# serde ("unknown field `x`").
+_REFUSED_PATTERNS = (
+    re.compile(r"unexpected (?:fields?|keys?|arguments?)[^{\[]*[{\[]([^}\]]*)[}\]]", re.I),
+    re.compile(r'extra_forbidden"[^}]*?"loc"\s*:\s*\[\s*"body"\s*,\s*"([A-Za-z_][\w.]*)"', re.I),
+    re.compile(r'"loc"\s*:\s*\[\s*"body"\s*,\s*"([A-Za-z_][\w.]*)"[^}]*?extra_forbidden', re.I),
+    re.compile(r"unrecognized request arguments? supplied:?\s*([\w, ]+)", re.I),
+    re.compile(r"unknown (?:field|parameter|argument)s?:?\s*[`'\"]?([A-Za-z_]\w*)", re.I),
+)
+# The request fields servelab adds itself, and the setting that stops sending each.
+_FIELD_SETTINGS = {
+    "ignore_eos": "set bench_ignore_eos: false (llm_bench ignore_eos: false)",
+    "continuous_usage_stats": "set bench_per_chunk_usage: false (llm_bench per_chunk_usage: false)",
+}
+
+
+def refused_fields(first_error: str) -> Tuple[str, ...]:
+    """The request fields a 4xx answer says the server does not accept, in the order named."""
+    match = re.match(r"\s*HTTP (4\d\d)\b", first_error or "")
+    if not match:
+        return ()
+    names: List[str] = []
+    for pattern in _REFUSED_PATTERNS:
+        for found in pattern.findall(first_error):
+            for name in re.split(r"[,\s]+", found):
+                name = name.strip("'\"` ")
+                if re.match(r"^[A-Za-z_][\w.]*$", name) and name not in names:
+                    names.append(name)
+    return tuple(names)
+
+
+def refused_field_hint(first_error: str) -> str:
+    """'the server refuses the request field ...: <what to set>' or '' (no field named)."""
+    names = refused_fields(first_error)
+    if not names:
+        return ""
+    fixes = [_FIELD_SETTINGS.get(n.split(".")[-1], "drop %s from bench_extra_body (llm_bench "
+                                 "extra_body) or the workload" % n) for n in names]
+    return "the server refuses the request field%s %s (not in its API): %s" % (
+        "s" if len(names) > 1 else "", ", ".join(names), "; ".join(dict.fromkeys(fixes)))
+
+
 def level_verdict(row: Mapping, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> LevelVerdict:
     """The verdict on one level row; the first rule that applies decides."""
     status = _text(row, "status").lower()
@@ -81,13 +126,16 @@ def level_verdict(row: Mapping, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) 
     run_requests, run_errors = _number(row, "run_requests"), _number(row, "run_errors")
     requests, errors = _number(row, "requests"), _number(row, "errors")
     first_error = _first_error(row)
+    # A refused field fails every request alike: name it and the setting that drops it.
+    hint = refused_field_hint(_text(row, "first_error"))
+    hint = "; " + hint if hint else ""
     if run_requests and run_errors is not None and run_errors >= run_requests:
-        return LevelVerdict(FAILED, "all %d requests failed%s" % (
-            run_requests, " (first error: %s)" % first_error if first_error else ""))
+        return LevelVerdict(FAILED, "all %d requests failed%s%s" % (
+            run_requests, " (first error: %s)" % first_error if first_error else "", hint))
     if _text(row, "stop_reason") == STOP_SERVER_FAILING:
         count = run_errors if run_errors is not None else (errors or 0)
-        return LevelVerdict(FAILED, "the server kept failing (%d errors%s)" % (
-            count, "; first: %s" % first_error if first_error else ""))
+        return LevelVerdict(FAILED, "the server kept failing (%d errors%s)%s" % (
+            count, "; first: %s" % first_error if first_error else "", hint))
     # Both counts zero: not even the warmup finished (a window's requests are part of the run's).
     if run_requests == 0 and not requests:
         return LevelVerdict(FAILED, "no request finished (stop reason: %s)" % (
@@ -95,7 +143,7 @@ def level_verdict(row: Mapping, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) 
     tok_s = _number(row, "output_tok_s")
     if tok_s is None or tok_s <= 0:
         return LevelVerdict(FAILED, "no output measured" + (
-            " (%s)" % first_error if first_error else ""))
+            " (%s)" % first_error if first_error else "") + hint)
     if requests is not None and requests <= 0:
         return LevelVerdict(FAILED, "no request completed")
     if requests is not None and errors is not None and errors >= requests:
