@@ -156,9 +156,42 @@ def level_verdict(row: Mapping, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) 
     return LevelVerdict(USABLE)
 
 
+# A level whose figures the host or the server may have set rather than the engine's speed: the
+# bench client machine's CPU all but fully busy (host_cpu_util, over the window: a client sharing
+# the machine with the server, or with other work, slows both), the server's KV cache all but
+# full (memory pressure: requests queue or are preempted), a server that stopped sending.
+HOST_SATURATED_CPU = 0.95
+KV_PRESSURE = 0.95
+STALLED_PREFIX = "stalled:"       # the load generator's words for a request stall_timeout ended
+
+
+def _pressure_flags(row: Mapping) -> List[str]:
+    """The host's and the server's limits the level ran into, each with its reason."""
+    flags = []
+    cpu = _number(row, "host_cpu_util")
+    if cpu is not None and cpu >= HOST_SATURATED_CPU:
+        flags.append("host saturated: the bench client machine's CPU was %.0f%% busy over the "
+                     "window (>= %.0f%%): the host, not the engine, may have set these figures"
+                     % (100 * cpu, 100 * HOST_SATURATED_CPU))
+    kv = _number(row, "server_token_usage_mean")
+    if kv is not None and kv >= KV_PRESSURE:
+        flags.append("server memory pressure: its KV cache was %.0f%% full on average (>= %.0f%%):"
+                     " requests queue or are preempted" % (100 * kv, 100 * KV_PRESSURE))
+    first_error = _text(row, "first_error")
+    running = _number(row, "server_running_reqs_mean")
+    generated = _number(row, "server_generation_tokens_s")
+    if first_error.startswith(STALLED_PREFIX):
+        flags.append("server stalled: %s" % first_error[len(STALLED_PREFIX):].strip()[
+            :FIRST_ERROR_CHARS])
+    elif running is not None and running >= 1 and generated is not None and generated <= 0:
+        flags.append("server stalled: %.1f requests running on average but no token generated "
+                     "in the window (its /metrics)" % running)
+    return flags
+
+
 def level_flags(row: Mapping) -> List[str]:
     """Facts about a level a reader must know; they do not make it unusable."""
-    flags = []
+    flags = _pressure_flags(row)
     complete = row.get("window_complete")
     if _text(row, "window_complete") and not as_bool(complete):
         reason = _text(row, "stop_reason")
