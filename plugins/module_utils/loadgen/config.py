@@ -16,7 +16,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.drain imp
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import (
     LevelConfig, LoadgenError, run_level,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
+    level_verdict, open_loop_flag,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
     ACTION_ONLY_OPTIONS, level_fields, with_defaults,
 )
@@ -152,6 +154,11 @@ def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool 
         outcome.levels.append(row)
         outcome.requests_by_level.append(result.requests)
         outcome.warnings.extend(result.warnings)
+        # An open-loop level that fell short says why (the cap, or a late client), beside the
+        # send lateness the level reports.
+        behind = open_loop_flag(row)
+        if behind:
+            outcome.warnings.append("%s: %s" % (_label(cfg), behind))
         if drained.warning:
             outcome.warnings.append(drained.warning)
         if verdict.failed:

@@ -189,9 +189,44 @@ def _pressure_flags(row: Mapping) -> List[str]:
     return flags
 
 
+# Open loop: an achieved rate below this fraction of the rate asked for is said, with its cause.
+RATE_SHORTFALL = 0.95
+
+
+def open_loop_flag(row: Mapping) -> str:
+    """Why an open-loop level sent fewer requests than asked, '' when it did not fall short.
+
+    The cap on requests in flight (`concurrency` in rate mode) allows at most cap / latency
+    requests per second (Little's law, with the window's e2e p50): when that is below the rate
+    asked for, the cap was the limit and the send lateness is arrivals queued behind it (4.70 of
+    6 req/s with the cap of 8 in flight at 1.7 s per request); otherwise the client sent late."""
+    if _text(row, "load_mode") != "rate":
+        return ""
+    asked, got = _number(row, "request_rate"), _number(row, "arrival_rate_s")
+    cap, e2e_ms = _number(row, "concurrency"), _number(row, "e2e_p50_ms")
+    if not asked or got is None or got >= RATE_SHORTFALL * asked:
+        return ""
+    shortfall = "%.2f of %g req/s achieved" % (got, asked)
+    allows = cap / (e2e_ms / 1000.0) if cap and e2e_ms else None
+    if allows is not None and allows < asked:
+        return ("in-flight cap: %s with the cap of %d in flight (at e2e p50 %.2f s it allows "
+                "about %.2f req/s; arrivals queued behind it, hence the send lateness): raise "
+                "the cap (concurrency; bench_concurrency in rate mode) or lower the rate"
+                % (shortfall, cap, e2e_ms / 1000.0, allows))
+    late = _number(row, "send_lateness_p99_ms")
+    return ("open loop behind: %s, not for the in-flight cap (%s): the client sent late%s; "
+            "check client CPU and loop lag" % (
+                shortfall, "%d in flight allow about %.2f req/s" % (cap, allows)
+                if allows is not None else "no latency to tell",
+                " (send lateness p99 %.0f ms)" % late if late is not None else ""))
+
+
 def level_flags(row: Mapping) -> List[str]:
     """Facts about a level a reader must know; they do not make it unusable."""
     flags = _pressure_flags(row)
+    behind = open_loop_flag(row)
+    if behind:
+        flags.append(behind)
     complete = row.get("window_complete")
     if _text(row, "window_complete") and not as_bool(complete):
         reason = _text(row, "stop_reason")
