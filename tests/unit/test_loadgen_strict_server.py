@@ -2,7 +2,8 @@
 
 `transformers serve` answers a request with a field outside the OpenAI API with
 `HTTP 422 {"detail":"Unexpected fields in the request: {'ignore_eos'}"}`. The server below (run as
-a script: `python tests/unit/test_loadgen_strict_server.py --port 0`, standard library only) does
+a script: `python tests/unit/test_loadgen_strict_server.py --port 0 [--model NAME]`, standard
+library only; tests/integration/test_bench_external.py runs bench.yml against it too) does
 exactly that, and streams a plain OpenAI answer otherwise. The tests show that
 `ignore_eos: false` keeps the field out of every request (synthetic prompts ask for it), and that
 a refusal is named in the level's failure with the setting that drops the field.
@@ -39,7 +40,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/v1/models":
-            self._send(200, b'{"object":"list","data":[{"id":"m","object":"model"}]}')
+            self._send(200, json.dumps({"object": "list", "data": [
+                {"id": self.server.model, "object": "model"}]}).encode())
         else:
             self._send(404, b'{"detail":"Not Found"}')
 
@@ -67,8 +69,10 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model", default="m", help="the model GET /v1/models lists")
     args = parser.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.model = args.model
     print("strict-openai listening on http://127.0.0.1:%d" % server.server_address[1], flush=True)
     server.serve_forever()
 
@@ -175,3 +179,15 @@ def test_the_body_carries_no_field_outside_openai_unless_asked():
 ])
 def test_refused_fields_reads_the_common_servers_words(error, fields):
     assert refused_fields(error) == fields
+
+
+def test_the_action_tells_an_external_profile_from_the_runs_manifest(tmp_path):
+    from ansible_collections.servelab.serving.plugins.action.llm_bench import ActionModule
+
+    args = {"profile": "prod", "host_label": "gpu1"}
+    assert not ActionModule._external(str(tmp_path), args)          # no manifest yet
+    (tmp_path / "manifest.json").write_text(json.dumps({"profiles": {
+        "prod": {"gpu1": {"engine": "external"}}, "sim": {"gpu1": {"engine": "simulator"}}}}))
+    assert ActionModule._external(str(tmp_path), args)
+    assert not ActionModule._external(str(tmp_path), dict(args, profile="sim"))
+    assert not ActionModule._external(str(tmp_path), dict(args, host_label="gpu2"))
