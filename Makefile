@@ -67,7 +67,7 @@ setup: $(STAMP) $(COLL_STAMP)
 # Lint: ruff (pyproject.toml [tool.ruff]), the changelog (antsibull-changelog lint), ansible-lint,
 # and ansible-test sanity on a copy of the collection (tools/sanity.py; ignores in
 # tests/sanity/ignore-2.19.txt, each with its reason).
-# The lint tools are pinned in requirements-lint.txt, installed into .venv under requirements.txt's
+# The lint tools are pinned in requirements-lint.txt, installed into .venv under requirements-dev.txt's
 # pins (ansible-core stays 2.19.14); ansible-test builds its own sanity tools' environments.
 lint: setup $(LINT_STAMP)
 	ruff check .
@@ -86,13 +86,13 @@ changelog: setup $(LINT_STAMP)
 	antsibull-changelog lint
 	antsibull-changelog generate
 
-$(LINT_STAMP): requirements-lint.txt requirements.txt $(STAMP)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt -c requirements.txt
+$(LINT_STAMP): requirements-lint.txt requirements-dev.txt $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt -c requirements-dev.txt
 	touch $@
 
-$(STAMP): requirements.txt
+$(STAMP): requirements-dev.txt requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
 # The dependencies from requirements.yml, and this checkout itself as servelab.serving (a link),

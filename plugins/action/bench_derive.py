@@ -11,6 +11,9 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.servelab.serving.plugins.modules.bench_derive import ARGUMENT_SPEC
+from ansible_collections.servelab.serving.plugins.plugin_utils.controller_requirements import (
+    install_command,
+)
 
 try:
     from ansible_collections.servelab.serving.plugins.plugin_utils.derive import DeriveError, derive
@@ -31,7 +34,8 @@ class ActionModule(ActionBase):
         _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         if DERIVE_IMPORT_ERROR is not None:
             raise AnsibleActionFail("bench_derive needs pandas on the controller "
-                                    "(requirements.txt): %s" % DERIVE_IMPORT_ERROR)
+                                    "(requirements.txt): %s; install it with: %s"
+                                    % (DERIVE_IMPORT_ERROR, install_command()))
         try:
             derived = derive(**args)
         except (DeriveError, ReportError, ValueError) as exc:

@@ -8,15 +8,19 @@ plugins.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.servelab.serving.plugins.modules.bench_report import ARGUMENT_SPEC
+from ansible_collections.servelab.serving.plugins.plugin_utils.controller_requirements import (
+    install_command,
+    missing,
+    requirements_error,
+)
 
-# The report needs pandas and matplotlib on the controller (requirements.txt). Without them the
+# The report needs pandas, matplotlib and pyarrow on the controller (requirements.txt). Without them the
 # plugin still loads (ansible-doc, --syntax-check, the sanity import test) and the task fails
 # saying what is missing.
 try:
@@ -32,9 +36,7 @@ except ImportError as exc:
     class ReportError(Exception):
         """Stands in for report.build.ReportError when the report cannot be imported."""
 else:
-    # The report modules guard their pandas/matplotlib imports; say which one is missing.
-    _MISSING = [name for name in ("pandas", "matplotlib") if importlib.util.find_spec(name) is None]
-    REPORT_IMPORT_ERROR = ("missing: %s" % ", ".join(_MISSING)) if _MISSING else None
+    REPORT_IMPORT_ERROR = None
 
 
 class ActionModule(ActionBase):
@@ -53,11 +55,14 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        if REPORT_IMPORT_ERROR is not None:
-            raise AnsibleActionFail(
-                "bench_report needs pandas and matplotlib on the controller (requirements.txt): %s"
-                % REPORT_IMPORT_ERROR
-            )
+        # The report modules guard their pandas/matplotlib imports: name what is missing and the
+        # command that installs it (plugin_utils/controller_requirements.py).
+        problem = requirements_error("bench_report", missing())
+        if problem is None and REPORT_IMPORT_ERROR is not None:
+            problem = "bench_report cannot load the report (%s); install its requirements: %s" % (
+                REPORT_IMPORT_ERROR, install_command())
+        if problem is not None:
+            raise AnsibleActionFail(problem)
         if any(c <= 0 for c in args["cdf_levels"] or ()):
             raise AnsibleActionFail(
                 "bench_report: cdf_levels must be positive concurrency levels, got %s"

@@ -48,6 +48,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import
 )
 
 display = Display()
+EXTERNAL_ENGINE = "external"    # the engine of an endpoint servelab did not start (bench role)
 
 
 class ActionModule(ActionBase):
@@ -92,6 +93,13 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("llm_bench: %s" % exc) from None
         run_dir = self._results_dir(args, task_vars)
         parts_dir = os.path.join(run_dir, PARTS_DIR)
+        if module_args.get("ignore_eos") is None and self._external(run_dir, args):
+            # ignore_eos is not an OpenAI field: an endpoint servelab did not start gets it only
+            # when asked (bench_ignore_eos: true); a strict server refuses it (HTTP 422).
+            module_args["ignore_eos"] = False
+            display.display("llm_bench %s/%s: an external endpoint: no request asks for "
+                            "ignore_eos (set bench_ignore_eos: true to send it)"
+                            % (args["host_label"], args.get("profile", "default")))
         if self._task.check_mode:
             module_args["concurrency"] = module_args["concurrency"][:1]
             checked = self._execute_module(module_name="servelab.serving.llm_bench", module_args=module_args,
@@ -195,6 +203,19 @@ class ActionModule(ActionBase):
             " (%d level(s) x %d repeats)" % (len(configs), repeats) if repeats > 1 else "") + (
             ", %d kept from earlier in the run (%s)" % (len(kept), ", ".join(kept)) if kept else "")
         return result
+
+    @staticmethod
+    def _external(run_dir: str, args: dict) -> bool:
+        """Whether the run's manifest records this sweep's profile on this host as an external
+        endpoint (roles/bench/tasks/external.yml writes it before the sweep)."""
+        try:
+            manifest = read_manifest(run_dir)
+        except ManifestError:
+            return False
+        profiles = manifest.get("profiles")
+        entry = profiles.get(args.get("profile", "default")) if isinstance(profiles, dict) else None
+        record = entry.get(args["host_label"]) if isinstance(entry, dict) else None
+        return isinstance(record, dict) and record.get("engine") == EXTERNAL_ENGINE
 
     @staticmethod
     def _progress_line(run_dir, parts_dir, args, step, level_count, measurements, own_walls,

@@ -99,7 +99,9 @@ attributes:
     support: full
     description: Runs on the controller only; the task's host is never contacted.
 notes:
-  - Needs pandas and matplotlib on the controller (requirements.txt).
+  - Needs pandas, numpy, matplotlib and pyarrow on the controller (the collection's
+    requirements.txt - C(python3 -m pip install -r <collection>/requirements.txt)). The task
+    fails naming what is missing and the install command.
 """
 
 EXAMPLES = r"""

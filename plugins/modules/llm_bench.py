@@ -120,9 +120,14 @@ options:
     type: int
     default: 256
   ignore_eos:
-    description: Ask the server to ignore end-of-sequence (fixed output lengths).
+    description:
+      - Ask the server to ignore end-of-sequence (fixed output lengths). C(ignore_eos) is not in
+        the OpenAI API (vLLM, SGLang and the simulator honour it; others may refuse it).
+      - C(true) sends it on every request, C(false) on none (a prompt's own flag included).
+      - Unset, each prompt decides - synthetic prompts ask for it, a JSONL line may - except for
+        a profile the run's manifest records as an external endpoint (the bench role's
+        C(engine=external)), which gets none.
     type: bool
-    default: false
   extra_body:
     description: "Extra JSON fields merged into every request body (e.g. C({temperature: 0}))."
     type: dict

@@ -134,6 +134,36 @@ def test_an_external_endpoint_is_measured_and_left_alone(tmp_path):
     assert (run_dir / results.SUMMARY).is_file() and (run_dir / results.REPORT_HTML).is_file()
 
 
+# A server that refuses every request field outside the OpenAI API, as transformers serve does
+# (HTTP 422 "Unexpected fields in the request: {'ignore_eos'}").
+STRICT = os.path.join(REPO, "tests", "unit", "test_loadgen_strict_server.py")
+
+
+def test_a_strict_openai_endpoint_is_sent_no_ignore_eos_and_measured(tmp_path):
+    """Issue 28: bench_ignore_eos unset, the synthetic workload on an external endpoint asks
+    for nothing outside the OpenAI API; true would send it, and the failure names the fix."""
+    with ServerProcess("--model", MODEL, script=STRICT) as srv:
+        r = _run_bench(tmp_path, _vars(tmp_path, srv.url + "/v1"))
+        out = r.stdout.read()
+        assert r.rc == 0, out[-5000:]
+        run_dir = (tmp_path / "results" / results.LATEST_LINK).resolve()
+        with open(run_dir / results.LEVELS, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert rows and all(int(row["errors"]) == 0 and int(row["requests"]) > 0
+                            for row in rows), rows
+        assert "no request asks for ignore_eos" in out
+
+        asked = tmp_path / "asked"
+        asked.mkdir()
+        r = _run_bench(asked, _vars(asked, srv.url + "/v1", bench_ignore_eos=True))
+        out = r.stdout.read()
+    assert r.rc != 0
+    failed = [e["event_data"]["res"].get("msg", "") for e in r.events
+              if e.get("event") == "runner_on_failed"]
+    assert any("the server refuses the request field ignore_eos" in m
+               and "set bench_ignore_eos: false" in m for m in failed), failed
+
+
 def test_an_unreachable_external_endpoint_fails_before_any_level(tmp_path):
     url = "http://127.0.0.1:%d/v1" % _free_port()      # nobody listens there
     r = _run_bench(tmp_path, _vars(tmp_path, url, bench_external_ready_timeout=0))

@@ -43,6 +43,10 @@ FORBIDDEN_TOP = {".venv", "collections", "results", ".cache", ".git", ".ci", ".p
 FORBIDDEN_ANYWHERE = re.compile(r"(^|/)(__pycache__|\.pytest_cache|\.ruff_cache|\.mypy_cache|"
                                 r"\.state)(/|$)|\.pyc$|\.tar\.gz$")
 MAX_TARBALL_BYTES = 3 * 1024 * 1024
+# What only the checkout uses (galaxy.yml's build_ignore): its tests, benchmarks and their
+# results, the Makefile and its tools, the dev and lint pins, the changelog fragments.
+CHECKOUT_ONLY = {"tests", "benchmarks", "tools", "Makefile", "conftest.py", "pyproject.toml",
+                 "requirements-dev.txt", "requirements-lint.txt", ".ansible-lint"}
 
 pytestmark = pytest.mark.skipif(not os.path.exists(GALAXY),
                                 reason="ansible-galaxy is not installed beside this python")
@@ -236,11 +240,16 @@ def test_tarball_is_small_and_holds_no_environment_or_heavy_module_utils(tarball
                      "plugins/modules/llm_server.py", "plugins/modules/llm_bench.py",
                      "plugins/action/llm_bench.py", "plugins/module_utils/simulator/server.py",
                      "plugins/module_utils/simulator/__init__.py", "plugins/module_utils/netstamp.py",
-                     "plugins/module_utils/results/contract.py", "roles/bench/tasks/main.yml"):
+                     "plugins/module_utils/results/contract.py", "roles/bench/tasks/main.yml",
+                     # the controller's Python requirements, and ansible-builder's pointer to them
+                     "requirements.txt", "meta/execution-environment.yml"):
             assert must in names, must
         forbidden = [n for n in names if n.split("/")[0] in FORBIDDEN_TOP
                      or FORBIDDEN_ANYWHERE.search(n)]
         assert not forbidden, forbidden
+        checkout_only = [n for n in names if n.split("/")[0] in CHECKOUT_ONLY
+                         or n.startswith("changelogs/fragments")]
+        assert not checkout_only, checkout_only
         heavy = {}
         for member in tar.getmembers():
             if member.isfile() and member.name.startswith("plugins/module_utils/") \

@@ -15,13 +15,15 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.drain imp
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig, LoadgenError
-from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
+    level_verdict, open_loop_flag,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
     ACTION_ONLY_OPTIONS, level_fields, with_defaults,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level as _level
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import (
-    Workload, WorkloadError, check_spec, load, missing_level_hook,
+    Workload, WorkloadError, check_spec, load, missing_level_hook, with_ignore_eos,
 )
 
 __all__ = ["ACTION_ONLY_OPTIONS", "BenchOptionsError", "level_configs", "run_levels"]
@@ -72,6 +74,8 @@ def level_configs(params: dict, read_workload: bool = True
     try:
         spec = check_spec(params["workload"])
         workload = load(params["workload"]) if read_workload else None
+        if workload is not None:
+            workload = with_ignore_eos(workload, params.get("ignore_eos"))
     except WorkloadError as exc:
         raise BenchOptionsError(str(exc)) from None
     unkept = missing_level_hook(spec, getattr(_level, "WORKLOAD_HOOKS", ()))
@@ -85,7 +89,9 @@ def level_configs(params: dict, read_workload: bool = True
             slo[key] = None if value in (None, "") else float(value)
         except (TypeError, ValueError):
             raise BenchOptionsError("slo.%s: expected milliseconds, got %r" % (key, value)) from None
-    common = dict(level_fields(params), slo=slo, extra_body=dict(params["extra_body"]))
+    # ignore_eos unset: the prompts decide (with_ignore_eos); the level adds it only when true.
+    common = dict(level_fields(params), slo=slo, extra_body=dict(params["extra_body"]),
+                  ignore_eos=params.get("ignore_eos") is True)
     configs = []
     for concurrency, rate in _levels(params):
         cfg = LevelConfig(**dict(common, concurrency=concurrency, request_rate=rate))
@@ -151,6 +157,11 @@ def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool 
         outcome.levels.append(row)
         outcome.requests_by_level.append(result.requests)
         outcome.warnings.extend(result.warnings)
+        # An open-loop level that fell short says why (the cap, or a late client), beside the
+        # send lateness the level reports.
+        behind = open_loop_flag(row)
+        if behind:
+            outcome.warnings.append("%s: %s" % (_label(cfg), behind))
         if drained.warning:
             outcome.warnings.append(drained.warning)
         if verdict.failed:

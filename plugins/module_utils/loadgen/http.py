@@ -100,9 +100,13 @@ def request_body(api: str, model: str, prompt, max_tokens: int, ignore_eos: bool
         body = {"text": prompt.text, "sampling_params": sampling, "stream": True}
         body.update(extra)
     else:
+        # include_usage is OpenAI's; continuous_usage_stats (vLLM, SGLang) is sent only when
+        # asked, so per_chunk_usage: false leaves a strict server nothing to refuse.
+        options = {"include_usage": True}
+        if per_chunk_usage:
+            options["continuous_usage_stats"] = True
         body = {"model": model, "max_tokens": int(max_tokens), "stream": True,
-                "stream_options": {"include_usage": True,
-                                   "continuous_usage_stats": bool(per_chunk_usage)}}
+                "stream_options": options}
         if api == API_OPENAI_CHAT:
             body["messages"] = prompt.messages
         else:

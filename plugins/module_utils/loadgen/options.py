@@ -39,7 +39,8 @@ ARGUMENT_SPEC = dict(
     workload=dict(type="dict", default={"kind": "builtin"}),
     # no_log=False: a name ending in "tokens" looks secret to Ansible's heuristics; it is a count.
     max_tokens=dict(type="int", default=_default("max_tokens"), no_log=False),
-    ignore_eos=dict(type="bool", default=_default("ignore_eos")),
+    # Unset (None): each prompt decides (synthetic prompts ask); false: no request carries it.
+    ignore_eos=dict(type="bool"),
     extra_body=dict(type="dict", default={}),
     level_seconds=dict(type="float", default=_default("level_seconds")),
     warmup_requests=dict(type="int", default=_default("warmup_requests")),

@@ -41,6 +41,7 @@ from typing import Callable, Deque, List, Optional, Tuple
 
 NS_PER_S = 1_000_000_000
 POISSON_BLOCK = 16               # gaps drawn stratified in blocks of this many
+GAMMA_BLOCK = 256                # gamma gaps: drawn i.i.d. in blocks of this many (ArrivalSchedule)
 
 SENT, FAILED, PRIORITY, BACK, CLOSED = b"S", b"F", b"P", b"B", b"C"
 _TIMES = struct.Struct("qq")
@@ -115,17 +116,50 @@ class Outbox:
         self.queue.clear()
 
 
+ARRIVAL_POISSON, ARRIVAL_CONSTANT, ARRIVAL_GAMMA = "poisson", "constant", "gamma"
+# Gamma gaps (vLLM bench serve's --burstiness, guidellm's and aiperf's bursty arrivals): shape k =
+# burstiness, mean 1/rate, so the coefficient of variation of the gaps is 1/sqrt(k): k < 1 is
+# burstier than Poisson (clusters of arrivals, then lulls), k = 1 is Poisson, k > 1 is smoother,
+# towards constant. Bounded so that a block's draws stay representable and meaningful.
+BURSTINESS_MIN, BURSTINESS_MAX = 0.05, 100.0
+
+
+def check_burstiness(arrival: str, burstiness: float) -> Optional[str]:
+    """The message for a burstiness the gamma arrivals cannot use (None: fine). Only gamma
+    reads it; another arrival with a burstiness other than 1 is a setting that does nothing."""
+    if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) \
+            or not math.isfinite(burstiness):
+        return "burstiness: %r is not a number" % (burstiness,)
+    if arrival == ARRIVAL_GAMMA and not BURSTINESS_MIN <= burstiness <= BURSTINESS_MAX:
+        return ("burstiness: %g is outside %g..%g (the gamma shape: < 1 burstier than Poisson, "
+                "1 Poisson, > 1 smoother)" % (burstiness, BURSTINESS_MIN, BURSTINESS_MAX))
+    if arrival != ARRIVAL_GAMMA and burstiness != 1:
+        return ("burstiness: %g only shapes gamma arrivals; set arrival: gamma, or leave "
+                "burstiness at 1" % burstiness)
+    return None
+
+
 class ArrivalSchedule:
     """Arrival times: constant gaps, or Poisson gaps drawn in blocks of POISSON_BLOCK, one from
     each of the block's equal-probability strata of the exponential distribution, in a shuffled
     order, and scaled so that the block lasts exactly POISSON_BLOCK/rate: each gap is (very
     nearly) exponential with mean 1/rate, as i.i.d. draws are, and the bursts within a block are
     Poisson's, but the offered rate over any window longer than a few blocks is the rate asked
-    for (i.i.d. draws miss it by 1/sqrt(N): 3% over 1000 arrivals)."""
+    for (i.i.d. draws miss it by 1/sqrt(N): 3% over 1000 arrivals).
 
-    def __init__(self, rate: float, arrival: str, rng, first_ns: int):
+    Gamma gaps (`burstiness` the shape) are drawn i.i.d. in blocks of GAMMA_BLOCK and scaled the
+    same way: the bursts are gamma's (one factor per block leaves the gaps' coefficient of
+    variation as drawn), the offered rate over each block the one asked for. The block is longer
+    than Poisson's: a bursty block's sum is off by about CV/sqrt(k), and a long block keeps the
+    factor, and so the gaps' spread across blocks, close to 1."""
+
+    def __init__(self, rate: float, arrival: str, rng, first_ns: int, burstiness: float = 1.0):
+        problem = check_burstiness(arrival, burstiness)
+        if problem:
+            raise ValueError(problem)
         self.rate = rate
-        self.constant = arrival == "constant"
+        self.constant = arrival == ARRIVAL_CONSTANT
+        self.shape = float(burstiness) if arrival == ARRIVAL_GAMMA else None
         self.rng = rng
         self.gaps: List[float] = []
         self.next_ns = first_ns if self.constant else first_ns + int(self.gap() * NS_PER_S)
@@ -134,9 +168,13 @@ class ArrivalSchedule:
         if self.constant:
             return 1.0 / self.rate
         if not self.gaps:
-            k = POISSON_BLOCK
             rng = self.rng
-            gaps = [-math.log(1.0 - (i + rng.random()) / k) for i in range(k)]
+            if self.shape is not None:
+                k = GAMMA_BLOCK
+                gaps = [rng.gammavariate(self.shape, 1.0) for _ in range(k)]
+            else:
+                k = POISSON_BLOCK
+                gaps = [-math.log(1.0 - (i + rng.random()) / k) for i in range(k)]
             scale = k / self.rate / sum(gaps)
             self.gaps = [g * scale for g in gaps]
             rng.shuffle(self.gaps)

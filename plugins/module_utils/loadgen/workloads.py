@@ -20,12 +20,15 @@ row's `prompt_token_source` says which. Files are on the bench client and are re
 every prompt built before the level starts.
 Synthetic prompts ask for exactly `output_tokens` with ignore_eos (SGLang and vLLM honour it), so
 every request generates the same number of tokens; the server still reports what it generated.
+ignore_eos is not in the OpenAI API: llm_bench's `ignore_eos: false` takes it off every prompt
+(with_ignore_eos), for a server that refuses unknown fields.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+from dataclasses import replace
 from typing import Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.prompts import (
@@ -63,6 +66,16 @@ _KEYS = {
                    "ignore_eos", "tokenizer"),
     "trace": ("path", "limit", "speedup", "timestamp_unit", "seed", "ignore_eos", "tokenizer"),
 }
+
+
+def with_ignore_eos(workload: Workload, setting: Optional[bool]) -> Workload:
+    """The workload as llm_bench's `ignore_eos` option leaves it: unset (None) or true keep each
+    prompt's own flag (true adds it everywhere through LevelConfig.ignore_eos); false clears it on
+    every prompt, so no request body carries the field. Runs once, before the level: the send
+    path's request_body is untouched."""
+    if setting is not False or not any(p.ignore_eos for p in workload.prompts):
+        return workload
+    return replace(workload, prompts=[replace(p, ignore_eos=False) for p in workload.prompts])
 
 
 _SYSTEM = ("You are a senior software engineer working in a terminal-based coding agent. Answer "

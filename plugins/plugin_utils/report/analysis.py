@@ -148,9 +148,13 @@ class ComparePoint:
     tpot_p50_ms: float | None
     earlier_tpot_p50_ms: float | None
     earlier_host: str
-    # |delta| beyond both runs' 95% half-widths combined (sqrt(ci_now^2 + ci_then^2)): a change;
-    # False: inside the noise; None: a run has no CI for the level.
+    # |delta| beyond both runs' 95% half-widths combined (sqrt(ci_now^2 + ci_then^2)), or a value
+    # outside the other run's range: a change; False: inside the noise; None: a run has no CI.
     beyond_ci: bool | None = None
+    # Within the half-widths combined, but one run's value lies outside the other's range (its
+    # repeats' min..max; measured once, its value +- CI95): a change all the same, never "within
+    # CI", however wide the half-widths (issue 28: 161 -> 30.9 tok/s called "within CI").
+    outside_range: bool = False
 
 
 def finite_number(value) -> float | None:
@@ -644,6 +648,23 @@ def recommend(
     return per_host, paragraph
 
 
+def _level_range(row) -> tuple[float, float] | None:
+    """The range a level's throughput was seen in: its counted repeats' min..max, or, measured
+    once, its value +- its CI95; None when neither is known."""
+    repeats = _num(row.get("repeats"))
+    low, high = _num(row.get("output_tok_s_min")), _num(row.get("output_tok_s_max"))
+    if repeats is not None and repeats > 1 and low is not None and high is not None:
+        return low, high
+    value, ci = _num(row.get("output_tok_s")), _num(row.get("output_tok_s_ci95"))
+    if value is None or ci is None:
+        return None
+    return value - ci, value + ci
+
+
+def _outside(value: float | None, bounds: tuple[float, float] | None) -> bool:
+    return value is not None and bounds is not None and not bounds[0] <= value <= bounds[1]
+
+
 def compare_runs(levels: pd.DataFrame, earlier: pd.DataFrame) -> tuple[list, str]:
     """Per (host, profile, concurrency) the change against an earlier run.
 
@@ -672,12 +693,18 @@ def compare_runs(levels: pd.DataFrame, earlier: pd.DataFrame) -> tuple[list, str
         ci_now, ci_then = _num(row.get("output_tok_s_ci95")), _num(old.get("output_tok_s_ci95"))
         beyond = (None if delta is None or ci_now is None or ci_then is None
                   else abs(delta) > math.hypot(ci_now, ci_then))
+        # Inside the half-widths combined but outside the other run's range: still a change
+        # (wide half-widths from 2 repeats must not hide a value the other run never saw).
+        outside = beyond is not True and delta is not None and (
+            _outside(now_v, _level_range(old)) or _outside(old_v, _level_range(row)))
+        if outside:
+            beyond = True
         points.append(ComparePoint(
             host=row["host"], profile=row["profile"], concurrency=int(row["concurrency"]),
             output_tok_s=now_v, earlier_output_tok_s=old_v, delta_tok_s=delta, delta_pct=pct,
             ttft_p50_ms=_num(row["ttft_p50_ms"]), earlier_ttft_p50_ms=_num(old["ttft_p50_ms"]),
             tpot_p50_ms=_num(row["tpot_p50_ms"]), earlier_tpot_p50_ms=_num(old["tpot_p50_ms"]),
-            earlier_host=then_host, beyond_ci=beyond))
+            earlier_host=then_host, beyond_ci=beyond, outside_range=outside))
     if host_map and not points:
         note = (note + "; " if note else "") + "no (profile, concurrency) pair is in both runs"
     return points, note

@@ -220,6 +220,10 @@ def build_report(
         derived=derived,
     )
     content.sections += repeats.sections(content)
+    # Too few repeats for their interval: said in the report's warnings and by the CLI.
+    few = repeats.repeats_warning(content)
+    if few:
+        warnings.append(few)
     fleet_view = fleet.fleet_view(levels, run.manifest, baseline)
     content.sections += fleet.fleet_sections(fleet_view)
 

@@ -50,6 +50,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis i
     profiles_in,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import profile_records
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.intervals import clipped_yerr
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.plots import (
     Figure,
     _badge,
@@ -418,7 +419,9 @@ def plot_fleet(view: FleetView | None, badge: str | None = None) -> bytes | None
                       if h.host == host and h.usable]
             if points:
                 per_host.errorbar([c for c, _h in points], [h.output_tok_s for _c, h in points],
-                                  yerr=[h.ci95 or 0 for _c, h in points], marker="o", ms=4,
+                                  yerr=clipped_yerr([h.output_tok_s for _c, h in points],
+                                                    [h.ci95 for _c, h in points]),
+                                  marker="o", ms=4,
                                   capsize=3, color=colors[host], label=host)
                 rings = [(c, h.output_tok_s) for c, h in points if (profile, host, c) in odd]
                 if rings:

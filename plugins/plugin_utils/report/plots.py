@@ -32,6 +32,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis i
     profiles_in,
     speedup_bands,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.intervals import clipped_yerr  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.distributions import (  # noqa: E402
     ITL_CHUNK,
     ITL_TOKEN,
@@ -121,7 +122,8 @@ def plot_throughput(levels: pd.DataFrame, baseline: str, crossovers: list,
             ax.errorbar(
                 ok["concurrency"],
                 ok["output_tok_s"],
-                yerr=ok["output_tok_s_ci95"].fillna(0),
+                # the lower arm stops at 0 tok/s (intervals.py)
+                yerr=clipped_yerr(ok["output_tok_s"], ok["output_tok_s_ci95"]),
                 marker="o",
                 ms=4,
                 capsize=3,
@@ -214,8 +216,8 @@ def plot_rate(rate_levels: pd.DataFrame | None, baseline: str,
                 continue
             ok = rows[rows["usable"]]
             tok_ax.errorbar(ok["request_rate"], ok["output_tok_s"],
-                            yerr=ok["output_tok_s_ci95"].fillna(0), marker="o", ms=4,
-                            capsize=3, color=colors[profile], label=profile)
+                            yerr=clipped_yerr(ok["output_tok_s"], ok["output_tok_s_ci95"]),
+                            marker="o", ms=4, capsize=3, color=colors[profile], label=profile)
             ttft_ax.plot(ok["request_rate"], ok["ttft_p50_ms"], marker="o", ms=4,
                          color=colors[profile], label=f"{profile} p50")
             ttft_ax.plot(ok["request_rate"], ok["ttft_p99_ms"], ls="--", marker=".",

@@ -232,8 +232,12 @@ def compare_table(content: ReportContent) -> Table:
     for p in content.comparison:
         change = MISSING if p.delta_pct is None else f"{p.delta_pct:+.1f}%"
         if p.delta_pct is not None:
-            # A change is flagged only beyond both runs' CIs; inside them it is noise.
-            change += {True: " (beyond CI)", False: " (within CI)"}.get(p.beyond_ci, "")
+            # A change is flagged only beyond both runs' CIs; inside them it is noise. A value
+            # outside the other run's range is a change, however wide the CIs are.
+            if p.outside_range:
+                change += " (outside the other run's range)"
+            else:
+                change += {True: " (beyond CI)", False: " (within CI)"}.get(p.beyond_ci, "")
         rows.append(
             ([p.host] if multi_host else [])
             + [

@@ -68,6 +68,9 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis i
     finite_number,
     profiles_in,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.intervals import (
+    few_repeats_warning,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.render import Table
 
 # The identity of a level (a repeat's row has `repeat` beside it).
@@ -300,7 +303,15 @@ def repeats_table(content) -> Table | None:
                     f"{int(row['repeats'])} of {int(row[MEASURED])}"
                     if int(row["repeats"]) != int(row[MEASURED]) else str(int(row[MEASURED])),
                     _by_repeat(row[VALUES]), notes or ""])
-    return Table(headers, rows, [footnote()])
+    warning = repeats_warning(content)
+    return Table(headers, rows, [footnote()] + ([warning] if warning else []))
+
+
+def repeats_warning(content) -> str | None:
+    """intervals.few_repeats_warning over the levels of a run with repeats (None without)."""
+    if not spreads(content):
+        return None
+    return few_repeats_warning(int(n) for f in _frames(content) for n in f["repeats"])
 
 
 def footnote() -> str:

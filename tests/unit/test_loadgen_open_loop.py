@@ -1,0 +1,108 @@
+"""Open loop (issue 28, item 8): gamma (bursty) arrivals beside Poisson and constant, and an
+open-loop level that fell short of its rate says why - the in-flight cap, or a late client."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen import sender
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
+    level_flags,
+    open_loop_flag,
+)
+
+
+def gaps(arrival, burstiness, rate=100.0, seed=1, blocks=200):
+    schedule = sender.ArrivalSchedule(rate, arrival, random.Random(seed), 0, burstiness=burstiness)
+    block = sender.GAMMA_BLOCK if arrival == "gamma" else sender.POISSON_BLOCK
+    for _rest_of_first_block in range(block - 1):     # its first gap set the first arrival
+        schedule.gap()
+    return [schedule.gap() for _draw in range(block * blocks)], block
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_gamma_gaps_have_the_burstiness_asked_for_and_hold_the_rate(burstiness):
+    rate = 100.0
+    drawn, block = gaps("gamma", burstiness, rate)
+    # Every block lasts exactly its expected length: the offered rate is the rate asked for.
+    sums = [sum(drawn[i:i + block]) * rate / block for i in range(0, len(drawn), block)]
+    assert max(abs(s - 1) for s in sums) < 1e-9
+    # The gaps' coefficient of variation is gamma's, 1/sqrt(shape): 2 (bursty), 1, 0.5.
+    cv = statistics.pstdev(drawn) / statistics.fmean(drawn)
+    assert cv == pytest.approx(1 / math.sqrt(burstiness), rel=0.08)
+
+
+def test_gamma_is_burstier_than_poisson_below_one_and_reproducible_by_seed():
+    bursty, _ = gaps("gamma", 0.25)
+    poisson, _ = gaps("poisson", 1.0)
+    # More arrivals packed close together (a gap under a tenth of the mean).
+    short = 0.1 / 100.0
+    assert (sum(g < short for g in bursty) / len(bursty)
+            > 3 * sum(g < short for g in poisson) / len(poisson))
+    assert gaps("gamma", 0.25, seed=7)[0][:50] == gaps("gamma", 0.25, seed=7)[0][:50]
+
+
+@pytest.mark.parametrize("arrival, burstiness, words", [
+    ("gamma", 0.0, "burstiness: 0 is outside 0.05..100"),
+    ("gamma", 500.0, "burstiness: 500 is outside"),
+    ("gamma", float("nan"), "is not a number"),
+    ("poisson", 0.5, "burstiness: 0.5 only shapes gamma arrivals; set arrival: gamma"),
+])
+def test_a_burstiness_that_cannot_be_used_is_refused_naming_it(arrival, burstiness, words):
+    assert words in sender.check_burstiness(arrival, burstiness)
+    with pytest.raises(ValueError, match="burstiness"):
+        sender.ArrivalSchedule(10.0, arrival, random.Random(1), 0, burstiness=burstiness)
+    assert sender.check_burstiness("gamma", 0.5) is None
+    assert sender.check_burstiness("constant", 1.0) is None
+
+
+# The issue's level: 6 req/s asked, the cap of 8 in flight, 1.7 s per request: 4.70 achieved.
+CAPPED = {"load_mode": "rate", "request_rate": 6.0, "arrival_rate_s": 4.70, "concurrency": 8,
+          "e2e_p50_ms": 1700.0, "send_lateness_p99_ms": 1229.77, "output_tok_s": 100.0,
+          "requests": 94, "errors": 0}
+
+
+def test_the_in_flight_cap_is_named_as_the_limit():
+    text = open_loop_flag(CAPPED)
+    assert text.startswith("in-flight cap: 4.70 of 6 req/s achieved with the cap of 8 in flight")
+    assert "allows about 4.71 req/s" in text and "raise the cap" in text
+    assert text in level_flags(CAPPED)
+
+
+def test_a_late_client_is_told_from_the_cap():
+    fast = dict(CAPPED, e2e_p50_ms=200.0)           # 8 in flight allow 40 req/s: not the cap
+    text = open_loop_flag(fast)
+    assert text.startswith("open loop behind: 4.70 of 6 req/s achieved, not for the in-flight cap")
+    assert "send lateness p99 1230 ms" in text and "client CPU" in text
+
+
+def test_a_level_that_kept_its_rate_or_a_closed_loop_one_says_nothing():
+    assert open_loop_flag(dict(CAPPED, arrival_rate_s=5.9)) == ""
+    assert open_loop_flag(dict(CAPPED, load_mode="concurrency")) == ""
+
+
+def test_a_sweep_held_back_by_its_cap_warns_with_the_cause(tmp_path):
+    """20 req/s asked of a server that takes ~0.2 s per request, with 1 in flight: ~5 req/s."""
+    import os
+
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
+        level_configs,
+        run_levels,
+    )
+    from simproc import ServerProcess
+
+    fake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_loadgen_fakeserver.py")
+    with ServerProcess("--ttft-ms", "200", "--step-ms", "1", script=fake,
+                       truth_log=tmp_path / "truth.jsonl") as srv:
+        configs, workload = level_configs(dict(
+            base_url=srv.url + "/v1", model="m", concurrency=[1], load_mode="rate",
+            request_rate=[20.0], workload={"kind": "builtin"}, max_tokens=2, level_seconds=1.0,
+            level_timeout=30, min_latency_samples=0, min_window_requests=2, drain_timeout=0,
+            server_metrics=False))
+        outcome = run_levels(configs, workload)
+    cause = [w for w in outcome.warnings if w.startswith("rate=20/s: in-flight cap: ")]
+    assert cause and "with the cap of 1 in flight" in cause[0], outcome.warnings
