@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol, Set
 
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.listener import _StampedSocket
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.requests import SimRequest, _dumps, _error_obj
 
-if TYPE_CHECKING:  # the server imports this module: its type only for the annotation
-    from ansible_collections.servelab.serving.plugins.module_utils.simulator.server import SimServer
+
+class RequestDispatcher(Protocol):
+    """What a connection needs of the server (SimServer): the server imports this module, so the
+    connection names only this interface, not the server, and the import graph stays a tree."""
+
+    connections: Set[HttpProtocol]
+
+    def client_gone(self, request: Optional[SimRequest]) -> None: ...
+
+    def dispatch(self, conn: HttpProtocol, method: str, path: str, headers: Any, body: bytes,
+                 t_recv_ns: int, t_arrive_ns: Optional[int] = None) -> None: ...
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -20,7 +29,7 @@ class HttpProtocol(asyncio.Protocol):
     MAX_HEAD = 64 * 1024
     MAX_BODY = 64 * 1024 * 1024
 
-    def __init__(self, server: SimServer):
+    def __init__(self, server: RequestDispatcher):
         self.server = server
         self.transport = None
         self.buf = bytearray()
