@@ -10,7 +10,7 @@ STAMP := $(VENV)/.servelab-stamp
 COLL_STAMP := collections/.servelab-stamp
 LINT_STAMP := $(VENV)/.servelab-lint-stamp
 
-.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint clean
+.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint docs clean
 bench: setup
 	ansible-playbook bench.yml $(ARGS)
 
@@ -72,6 +72,12 @@ lint: setup $(LINT_STAMP)
 	ruff check .
 	ansible-lint -c .ansible-lint
 	python tools/sanity.py
+
+# Generated documentation: each generator in tools/docgen/ rewrites the section it owns (between
+# its markers) from the code; tests/unit/test_docs_generated.py fails while one is stale.
+DOCGEN := tools/docgen/bench_variables.py
+docs: setup
+	@for gen in $(DOCGEN); do echo "make docs: $$gen"; python $$gen || exit 1; done
 
 $(LINT_STAMP): requirements-lint.txt requirements.txt $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt -c requirements.txt
