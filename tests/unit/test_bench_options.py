@@ -164,3 +164,21 @@ def test_bench_default_reads_the_declared_default():
         SPEC["bench_concurrency"].default, "baseline"]
     with pytest.raises(AnsibleLookupError, match="bench_concurency is not declared"):
         lookup.run(["bench_concurency"], {})
+
+
+def test_llm_bench_takes_the_settings_under_the_tasks_own_options():
+    from types import SimpleNamespace
+
+    from ansible.errors import AnsibleActionFail
+
+    from ansible_collections.servelab.serving.plugins.action.llm_bench import ActionModule
+    action = ActionModule.__new__(ActionModule)
+    action._task = SimpleNamespace(args={"settings": {"concurrency": [1, 2], "server_metrics": True,
+                                                      "base_url": ""},
+                                         "base_url": "http://h:1", "server_metrics": False})
+    action._merge_settings()
+    assert action._task.args == {"concurrency": [1, 2], "server_metrics": False,
+                                 "base_url": "http://h:1"}
+    action._task = SimpleNamespace(args={"settings": "concurrency=1"})
+    with pytest.raises(AnsibleActionFail, match="settings must be a dict"):
+        action._merge_settings()
