@@ -55,6 +55,7 @@ display = Display()
 # the action's alone, merged before validation, so the module never sees it.
 SETTINGS = "settings"
 
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True

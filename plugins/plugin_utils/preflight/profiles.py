@@ -55,8 +55,6 @@ def _strip_profile_prefix(message: str, name: str) -> str:
     return message
 
 
-
-
 def _check_external(label: str, raw: Mapping, v: Mapping, problem) -> Optional[str]:
     """An external profile's keys and URL; the URL the sweep will use, or None."""
     ok = True
@@ -192,7 +190,6 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
     return len(seen), first_model, (None if launches else external_url)
 
 
-
 def _rank_ports(inp: HostInput, name: str, nodes: Any, port: Optional[int], state_dir: str,
                 where: str, targets: Dict[str, TargetCheck]) -> None:
     """A multi-node profile's other ranks bind this host's bench_server_port on their own hosts
@@ -221,5 +218,3 @@ def _check_ports(inp: HostInput, targets: Dict[str, TargetCheck]) -> None:
              where=inp.origins.get("bench_server_port", ""),
              state_dir=str(v.get("bench_state_dir") or "~/.servelab/servers"))
         for item in needed)
-
-

@@ -38,7 +38,6 @@ def unknown_variables(names: Iterable[str], known: Sequence[str],
     return problems
 
 
-
 def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
@@ -182,5 +181,3 @@ def validator_messages(spec_options: Mapping[str, Mapping], values: Mapping[str,
         named = [n for n in spec if re.search(r"\b%s\b" % re.escape(n), message)]
         out.append((named[0] if named else "bench_*", str(message)))
     return out
-
-

@@ -47,5 +47,3 @@ def base_url_problem(url: Any) -> Optional[str]:
     if port is not None and not 1 <= port <= 65535:
         return "%r: port %d is not a TCP port (1-65535)" % (url, port)
     return None
-
-
