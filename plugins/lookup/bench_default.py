@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: bench_default
-author: servelab
+author: servelab (!UNKNOWN)
 short_description: The declared default of a bench option
 description:
   - Returns the default roles/bench/meta/argument_specs.yml declares for each named C(bench_*)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: llm_bench_args
-author: servelab
+author: servelab (!UNKNOWN)
 short_description: The llm_bench options the bench role's variables give
 description:
   - Returns one dict (option name to value) of every llm_bench option whose C(bench_<option>)

@@ -205,7 +205,7 @@ def _check_sweep_options(inp: HostInput, workload: Optional[dict], model: Option
         if name in spec and name in sweep_variables():
             values[name] = spec[name].default
             replaced.add(name)
-    for _ in range(len(variables) + 1):
+    for _attempt in range(len(variables) + 1):
         try:
             # Per call the role passes the URL and the model of the server it measures, and labels.
             args = dict(_sweep_args(values), **{
