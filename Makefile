@@ -10,7 +10,7 @@ STAMP := $(VENV)/.servelab-stamp
 COLL_STAMP := collections/.servelab-stamp
 LINT_STAMP := $(VENV)/.servelab-lint-stamp
 
-.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint docs-plugins changelog clean
+.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint docs docs-plugins changelog clean
 bench: setup
 	ansible-playbook bench.yml $(ARGS)
 
@@ -74,6 +74,12 @@ lint: setup $(LINT_STAMP)
 	antsibull-changelog lint
 	ansible-lint -c .ansible-lint
 	python tools/sanity.py
+
+# Generated documentation: each generator in tools/docgen/ rewrites the section it owns (between
+# its markers) from the code; tests/unit/test_docs_generated.py fails while one is stale.
+DOCGEN := tools/docgen/bench_variables.py
+docs: setup docs-plugins
+	@for gen in $(DOCGEN); do echo "make docs: $$gen"; python $$gen || exit 1; done
 
 # docs/plugins/: every module's and callback's ansible-doc as Markdown (tools/gen_plugin_docs.py;
 # tests/unit/test_plugin_docs.py fails when it is stale). Separate from `docs`, which may depend on it.

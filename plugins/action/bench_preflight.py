@@ -3,7 +3,7 @@
 
 Controller mode (`hosts`): gathers each GPU server's bench_* variables as the bench role will see
 them (the host's raw variables over the role's defaults, templated in the host's context) and
-hands them to plugins/plugin_utils/preflight.py; the checks that need another machine (a jsonl
+hands them to plugins/plugin_utils/preflight/ (the package); the checks that need another machine (a jsonl
 workload on the bench client, the installed SGLang or HAProxy on a GPU server) run through the
 bench_preflight module: inline when that machine is this task's own host, otherwise they are
 returned as `target_checks` for bench.yml's next task. Target mode (`workloads`, `servers`,
@@ -18,7 +18,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.servelab.serving.plugins.modules.bench_preflight import ARGUMENT_SPEC
 from ansible_collections.servelab.serving.plugins.plugin_utils import preflight as pf
-from ansible_collections.servelab.serving.plugins.plugin_utils.fleet_checks import same_machine
+from ansible_collections.servelab.serving.plugins.plugin_utils.preflight.fleet import same_machine
 from ansible_collections.servelab.serving.plugins.plugin_utils.results_root import results_root_problem
 
 try:   # ansible-core 2.19's data tags say which file and line a value came from

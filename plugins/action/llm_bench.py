@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
@@ -51,6 +52,11 @@ display = Display()
 EXTERNAL_ENGINE = "external"    # the engine of an endpoint servelab did not start (bench role)
 
 
+# A dict of llm_bench options under the task's own (the bench role's lookup llm_bench_args):
+# the action's alone, merged before validation, so the module never sees it.
+SETTINGS = "settings"
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
@@ -64,9 +70,22 @@ class ActionModule(ActionBase):
             root = os.path.join(base, root)
         return os.path.normpath(os.path.join(os.path.expanduser(root), args["run_id"]))
 
+    def _merge_settings(self) -> None:
+        """`settings` (a dict of options: the bench role passes lookup llm_bench_args) under the
+        task's own options, which win; then validated like options given one by one."""
+        args = dict(self._task.args)
+        settings = args.pop(SETTINGS, None)
+        if settings is None:
+            return
+        if not isinstance(settings, Mapping):
+            raise AnsibleActionFail("llm_bench: settings must be a dict of llm_bench options, "
+                                    "got %s" % type(settings).__name__)
+        self._task.args = dict(settings, **args)
+
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
+        self._merge_settings()
         # The module's own argument spec (plus the action's options): unknown options, wrong
         # types and missing required ones fail here, on the controller, before any level runs.
         _validation, validated = self.validate_argument_spec(argument_spec=ACTION_ARGUMENT_SPEC)

@@ -1,6 +1,6 @@
 """The part of bench.yml's preflight that only a target can answer. Standard library only.
 
-The controller (plugins/plugin_utils/preflight.py) checks every bench_* setting it can on its own;
+The controller (plugins/plugin_utils/preflight/) checks every bench_* setting it can on its own;
 two things live on other machines and are checked there, through the bench_preflight module,
 before any server starts or any run directory exists:
 

@@ -4,7 +4,7 @@
 # settings on the controller. This file documents it and is also the module the action runs on a
 # host for what only that host can answer (a jsonl workload on the bench client, the installed
 # SGLang's flags on a GPU server); the logic is plugins/module_utils/preflight.py (target) and
-# plugins/plugin_utils/preflight.py (controller).
+# plugins/plugin_utils/preflight/ (controller).
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -16,11 +16,11 @@ description:
     (C(gpu_servers)): the host's C(bench_*) variables (inventory, group_vars, C(-e)) over the bench
     role's defaults, templated in the host's context, as the role will see them."
   - "Unknown variables: every C(bench_*) variable a host or the controller has must be declared in
-    C(roles/bench/meta/argument_specs.yml), or be one of the few that bench.yml reads outside the
-    role (C(bench_report_baseline), the inventories' helpers C(bench_time_scale) and
-    C(bench_draft_model), ...: C(PLAYBOOK_VARIABLES) in C(plugins/plugin_utils/preflight.py));
-    anything else fails with the nearest known name (C(bench_concurency: unknown variable; did you
-    mean bench_concurrency?)). A new variable must be declared there."
+    C(roles/bench/meta/argument_specs.yml), the one definition of every bench option - those
+    bench.yml reads outside the role (C(bench_report_baseline)) and the inventories' helpers
+    (C(bench_time_scale), C(bench_draft_model)) included; anything else fails with the nearest
+    known name (C(bench_concurency: unknown variable; did you mean bench_concurrency?)). A new
+    variable must be declared there."
   - "Types as the role's argument spec declares them, strictly: a list or mapping given as a
     string fails (C(bench_concurrency: '1,2,5' is a string; give a YAML list [1, 2, 5])), numbers
     and booleans given as strings (C(-e key=value)) are accepted; whatever ansible-core's own

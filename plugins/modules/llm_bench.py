@@ -253,7 +253,9 @@ notes:
   - "Options of the action plugin only: C(run_id), C(results_root) (controller path, default
     C(<playbook_dir>/results)), C(stop_on_failure) (default true), C(profile_index) and
     C(profile_count) (where this sweep stands in the run: profile i of n, for the progress line),
-    C(repeats) (default 1: how many times each level is measured, see below)."
+    C(repeats) (default 1: how many times each level is measured, see below), C(settings) (a
+    dict of these options, under the ones the task gives itself: the bench role passes
+    C(lookup('servelab.serving.llm_bench_args')), its variables' options built once)."
   - "C(repeats: N) measures every level N times, in rounds: every level once (repeat 1), then
     every level again (repeat 2), and so on; each repeat is a whole level (warm-up, window,
     tail, and the drain before the next), sent with seed + repeat - 1, and written as its own

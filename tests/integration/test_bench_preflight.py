@@ -140,7 +140,10 @@ CASES = {
         lambda tmp: {"bench_server_port": 70000},
         "bench_server_port: 70000 is not a TCP port (1-65535)"),
     "level seconds 0": (
-        lambda tmp: {"bench_level_seconds": 0}, "bench_level_seconds: 0 must be > 0"),
+        lambda tmp: {"bench_level_seconds": 0},
+        # LevelConfig.validate's range (llm_bench's one validator), the preflight has no copy
+        "bench_level_seconds: llm_bench rejects its option level_seconds: expected seconds > 0 "
+        "(given 0)"),
     "typo'd variable": (
         lambda tmp: {"bench_concurency": [1, 2]},
         "bench_concurency: unknown variable; did you mean bench_concurrency?"),
@@ -281,3 +284,28 @@ def test_an_sglang_flag_the_installed_release_lacks_fails_before_a_server(tmp_pa
     assert problem["message"].startswith(
         "bench_profiles[1] (attn): the installed SGLang 0.5.23 rejects the rendered command: "
         "--attention-backnd is not defined by this release")
+
+
+def test_the_role_on_its_own_runs_the_same_preflight(tmp_path):
+    """tasks/main.yml's checks are the preflight's (tasks/preflight.yml): the role included by
+    a playbook of one's own refuses bad settings the same way, before a lock or a server."""
+    play = tmp_path / "role.yml"
+    play.write_text(
+        "- hosts: gpu_servers\n  gather_facts: false\n  vars:\n    bench_run_id: own\n"
+        "    bench_results_root: %s\n  roles:\n    - role: servelab.serving.bench\n"
+        % (tmp_path / "results"))
+    env = {"PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
+           "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg")}
+    (tmp_path / "runner").mkdir()
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), project_dir=REPO, playbook=str(play),
+        inventory=os.path.join(REPO, "inventory", "local"),
+        extravars=_vars(tmp_path, bench_level_seconds=0, bench_profiles=[]),
+        envvars=env, quiet=True, timeout=300)
+    assert runner.rc != 0
+    [failed] = [e["event_data"] for e in runner.events if e.get("event") == "runner_on_failed"]
+    assert failed["task"] == "Check this host's bench settings"
+    msg = failed["res"]["msg"]
+    assert "bench_profiles: no profiles" in msg
+    assert "bench_level_seconds: llm_bench rejects its option level_seconds" in msg
+    assert not (tmp_path / "servers").exists() and not _simulators(tmp_path / "servers")

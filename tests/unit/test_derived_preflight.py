@@ -1,7 +1,7 @@
-"""bench_derived_profiles' preflight (plugin_utils/derived_preflight.py): each mistake named."""
+"""bench_derived_profiles' preflight (plugin_utils/preflight/derived.py): each mistake named."""
 import pytest
 
-from ansible_collections.servelab.serving.plugins.plugin_utils.derived_preflight import check_derived
+from ansible_collections.servelab.serving.plugins.plugin_utils.preflight.derived import check_derived
 
 PROFILES = [{"name": "baseline", "tp": 8}, {"name": "eagle3", "tp": 8}]
 

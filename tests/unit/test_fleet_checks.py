@@ -1,12 +1,12 @@
 """The preflight's rules for a GPU server benchmarked from a bench client on another machine
-(plugins/plugin_utils/fleet_checks.py, through plugins/plugin_utils/preflight.py): the target
+(plugins/plugin_utils/preflight/fleet.py, through the preflight package): the target
 address and the server's bind address must not be loopback there, and the message names the
 host, its client and the fix. The playbook end of it is tests/integration/test_bench_fleet.py."""
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.servelab.serving.plugins.plugin_utils import fleet_checks
+from ansible_collections.servelab.serving.plugins.plugin_utils.preflight import fleet as fleet_checks
 from ansible_collections.servelab.serving.plugins.plugin_utils import preflight as pf
 
 from test_preflight import OPTIONS, host, texts

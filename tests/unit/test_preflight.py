@@ -1,4 +1,4 @@
-"""bench.yml's preflight, unit by unit: the controller's checks (plugins/plugin_utils/preflight.py)
+"""bench.yml's preflight, unit by unit: the controller's checks (plugins/plugin_utils/preflight/)
 over a host's settings as the bench role sees them, and the target's (module_utils/preflight.py):
 a jsonl workload read where the client reads it, an SGLang profile rendered and flag-checked
 against the installed release.
@@ -192,9 +192,11 @@ def test_port_70000_is_named_as_bench_server_port():
 
 
 def test_level_seconds_zero_and_beyond_the_level_timeout():
-    assert "0 must be > 0" in only(run(host(bench_level_seconds=0)), "bench_level_seconds")
-    msg = only(run(host(bench_level_seconds=900)), "bench_level_seconds")
-    assert "below llm_bench's level_timeout (600 s, bench_level_timeout)" in msg
+    # The range is LevelConfig.validate's, llm_bench's one validator (no copy in the preflight).
+    msg = only(run(host(bench_level_seconds=0)), "bench_level_seconds")
+    assert "level_seconds: expected seconds > 0 (given 0); fix bench_level_seconds" in msg
+    msg = only(run(host(bench_level_seconds=900)), "bench_level_timeout")
+    assert "level_timeout: must exceed level_seconds (900.0): it bounds warmup + window" in msg
 
 
 @pytest.mark.parametrize("variable, value, says", [
@@ -281,40 +283,51 @@ def test_repeats_of_three_pass():
 
 
 def test_a_level_timeout_below_the_level_seconds_is_named():
-    msg = only(run(host(bench_level_timeout=10, bench_level_seconds=20)), "bench_level_seconds")
-    assert "must be below llm_bench's level_timeout (10 s, bench_level_timeout)" in msg
+    msg = only(run(host(bench_level_timeout=10, bench_level_seconds=20)), "bench_level_timeout")
+    assert "must exceed level_seconds (20.0)" in msg and "(given 10)" in msg
 
 
 def test_every_llm_bench_option_a_user_sets_is_a_bench_variable_the_role_passes():
-    """Each llm_bench option but the ones the action fills itself reaches the module from
-    tasks/profile.yml's sweep, names its bench_* variable in llm_bench's messages, and is a
-    declared role variable; the role's defaults of the new ones are llm_bench's own."""
+    """Each llm_bench option but the ones a sweep task sets per call reaches the module from its
+    bench_* variable through the one lookup (llm_bench_args) every sweep task passes as
+    `settings`; the names are derived from the two specs, and the role's defaults of the options
+    are llm_bench's own (but the few the role chooses itself)."""
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
         ARGUMENT_SPEC,
     )
-    with open(os.path.join(pf.ROLE_DIR, "tasks", "profile.yml"), encoding="utf-8") as fh:
-        block = yaml.safe_load(fh)[0]["block"]
-    [sweep] = [t for t in block if "servelab.serving.llm_bench" in t]
-    passed = set(sweep["servelab.serving.llm_bench"])
-    # repeat: the action sets it on each call (the measurement it makes of the level)
+    # repeat: the action sets it on each call; the rest: set by each sweep task itself.
     internal = {"results_dir", "return_requests", "drain_after", "repeat"}
-    assert set(ARGUMENT_SPEC) - internal <= passed, set(ARGUMENT_SPEC) - internal - passed
-    # progress context: profile i of n; the action's own loop: repeats of each level
-    assert {"profile_index", "profile_count", "repeats"} <= passed
-    labels = {"host_label", "profile", "api_key"}
-    assert set(ARGUMENT_SPEC) - internal - labels <= set(pf.OPTION_VARIABLES)
-    for option, variable in pf.OPTION_VARIABLES.items():
-        for name in variable.split("/"):
-            assert name in SPEC, (option, name)
-    for names in pf.SWEEP_OPTIONS.values():
-        for name in names:
-            assert "bench_" + name in SPEC, name
-    role_chosen = {"max_tokens", "level_seconds", "warmup_requests", "api"}
-    for names in pf.SWEEP_OPTIONS.values():
-        for name in set(names) - role_chosen:
-            assert DEFAULTS["bench_" + name] == ARGUMENT_SPEC[name].get("default"), name
-            assert OPTIONS["bench_" + name].get("default") == ARGUMENT_SPEC[name].get("default"), name
+    per_call = {"base_url", "model", "api_key", "host_label", "profile"}
+    derived = pf.llm_bench_variables()
+    assert set(ARGUMENT_SPEC) - internal - per_call <= set(derived), \
+        set(ARGUMENT_SPEC) - internal - per_call - set(derived)
+    assert {"repeats", "run_id", "results_root"} <= set(derived)
+    assert "api_key" not in derived            # a secret: never in the shared dict
+    for name in ("profile.yml", "router.yml"):
+        with open(os.path.join(pf.ROLE_DIR, "tasks", name), encoding="utf-8") as fh:
+            block = yaml.safe_load(fh)[0]["block"]
+        [sweep] = [t for t in block if "servelab.serving.llm_bench" in t]
+        args = sweep["servelab.serving.llm_bench"]
+        assert args["settings"] == "{{ lookup('servelab.serving.llm_bench_args') }}", name
+        assert set(args) - {"settings", "server_metrics"} <= per_call | {
+            "profile_index", "profile_count"}, (name, set(args))
+    role_chosen = {"max_tokens", "level_seconds", "warmup_requests", "api", "base_url", "model",
+                   "run_id", "results_root", "concurrency", "workload"}
+    for option, variable in derived.items():
+        if option in ARGUMENT_SPEC and option not in role_chosen:
+            assert DEFAULTS[variable] == ARGUMENT_SPEC[option].get("default"), option
+            assert OPTIONS[variable].get("default") == ARGUMENT_SPEC[option].get("default"), option
     assert DEFAULTS["bench_request_rate"] is None and DEFAULTS["bench_extra_body"] == {}
+
+
+def test_the_llm_bench_args_leave_unset_options_out_and_the_record_keeps_them():
+    values = dict(DEFAULTS, **TEMPLATED, bench_run_id="r1", bench_api_key="secret")
+    args = pf.llm_bench_args(values)
+    assert args["concurrency"] == DEFAULTS["bench_concurrency"] and args["run_id"] == "r1"
+    assert "request_rate" not in args and "api_key" not in args
+    record = pf.llm_bench_args(values, record=True)
+    assert record["request_rate"] is None and "run_id" not in record
+    assert "results_root" not in record and "secret" not in repr(record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,11 +424,14 @@ def test_an_unknown_variable_without_a_near_name_says_how_to_name_helpers():
     assert "without the bench_ prefix" in msg
 
 
-def test_the_playbook_level_variables_are_known():
-    # Names the role declares (some may move there) are type-checked instead: leave them out.
-    given = {name: True for name in pf.PLAYBOOK_VARIABLES
-             if name != "bench_report_baseline" and name not in SPEC}
-    assert given and run(host(**given)).ok
+def test_the_playbook_level_variables_are_declared_in_the_one_spec():
+    # Read by bench.yml's plays or the shipped inventories, not the role: declared all the same
+    # (argument_specs.yml is the one list of names), so they are known and type-checked.
+    given = {"bench_compare_to": "", "bench_time_scale": 20, "bench_draft_model": "/models/d",
+             "bench_resume": None, "bench_remeasure": True, "bench_break_lock": False,
+             "bench_continue_on_profile_failure": True}
+    assert set(given) <= set(SPEC) and run(host(**given)).ok
+    assert "not a number" in only(run(host(bench_time_scale="fast")), "bench_time_scale")
 
 
 def test_concurrency_as_a_string_is_refused_with_the_list_to_write():
@@ -429,7 +445,8 @@ def test_concurrency_levels_are_positive_integers_not_strings():
     assert "bench_concurrency[1]: '5' is a string" in joined
     assert "bench_concurrency[3]: 2.5 is not an integer" in joined
     report = run(host(bench_concurrency=[1, 0]))
-    assert "bench_concurrency[1]: 0 must be >= 1" in only(report, "bench_concurrency[1]")
+    assert "0 is not a positive integer (levels must be numbers of workers >= 1) (given [1, 0])" \
+        in only(report, "bench_concurrency")
 
 
 def test_wrong_types_and_choices_name_the_variable():

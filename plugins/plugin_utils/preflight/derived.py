@@ -1,7 +1,7 @@
 """The preflight of bench_derived_profiles (speculation by load, derived in the same run).
 
-Checked before anything starts, with the rest of the bench preflight (plugin_utils/preflight.py
-calls check_derived): the derived profile is built from two profiles of bench_profiles, by an
+Checked before anything starts, with the rest of the bench preflight (host.py calls
+check_derived): the derived profile is built from two profiles of bench_profiles, by an
 engine that has the switch (schedule: vLLM, or the simulator standing in for it; router: any
 engine servelab launches), and the router needs two more ports after bench_server_port and
 HAProxy on the GPU server (derived_executables: checked there, with the other target checks).

@@ -11,7 +11,7 @@ the host, its client and the fix.
 
 Whether two inventory hosts are one machine is decided from the inventory alone: the same
 name, or both reached with `ansible_connection: local` (the implicit localhost is local).
-Anything else counts as another machine. Pure functions; plugin_utils/preflight.py calls them.
+Anything else counts as another machine. Pure functions; host.py (and the action) call them.
 """
 from __future__ import annotations
 
