@@ -47,7 +47,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 versions:
-  description: The versions of O(package) the repository has, newest first (empty: none, or unreadable).
+  description: "The versions of O(package) the repository has, newest first (empty: none, or unreadable)."
   returned: always
   type: list
   elements: str

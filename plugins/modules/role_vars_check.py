@@ -15,8 +15,8 @@ description:
     C(-e)) whose name starts with a role's prefix (C(<role>_), for each role of O(roles)) must be
     an option of that role (any entry point of C(roles/<role>/meta/argument_specs.yml)), a key of
     its C(defaults/main.yml), or one of O(elsewhere). Anything else fails, naming the variable, the
-    closest known name (C(cuda_toolkit_verison: unknown variable; did you mean
-    cuda_toolkit_version?)), where it was set when Ansible knows it, and the hosts.
+    closest known name (for C(cuda_toolkit_verison), "unknown variable; did you mean
+    cuda_toolkit_version?"), where it was set when Ansible knows it, and the hosts.
   - C(bench_*) names are bench.yml's own check (bench_preflight); this is the same rule for the
     roles of upgrade-cuda.yml.
 version_added: "0.1.0"
