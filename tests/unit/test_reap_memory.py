@@ -21,8 +21,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import 
     GpuMemory, GpuProcess, NvmlBackend,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap import (  # noqa: E402
-    MemoryExclusion, ReapOptions, memory_is_clean, reap,
+    MemoryExclusion, ReapOptions, reap,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap_memory import memory_is_clean  # noqa: E402
 
 MIB = 1024 * 1024
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF      # NVML_VALUE_NOT_AVAILABLE (unsigned long long)

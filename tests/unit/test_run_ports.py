@@ -51,7 +51,7 @@ def test_a_routers_halves_are_locked_with_the_server_port(tmp_path):
     lock_dir = str(tmp_path / "locks")
     port = free_port()
     first = lock.acquire(lock_dir, lock.task_resources(params(port, [port + 1, port + 2]),
-                                                        lock_dir),
+                                                       lock_dir),
                          "first-run", lock.Controller.of_pid(os.getpid()))
     assert sorted(r.port for r in first.written) == [port, port + 1, port + 2]
     # a second run on the router's speculative half is refused, nothing written for it

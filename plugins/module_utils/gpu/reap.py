@@ -32,10 +32,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.gpu import reap_memory
 from ansible_collections.servelab.serving.plugins.module_utils.gpu.query import BACKENDS, GpuMemory, open_backend
-# The memory check's names, importable from here as before (gpu_reap, the tests).
-from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap_memory import (  # noqa: F401
-    ExcludedProcess, MemoryExclusion, baseline_for, memory_is_clean,
-)
+from ansible_collections.servelab.serving.plugins.module_utils.gpu.reap_memory import MemoryExclusion
 from ansible_collections.servelab.serving.plugins.module_utils.proc import terminate as proc_terminate
 from ansible_collections.servelab.serving.plugins.module_utils.proc.cgroup import (
     DEFAULT_CONTAINER_CGROUP_GLOBS, PARENT as SERVER_CGROUP_PARENT, CgroupDir, container_bases,
@@ -382,7 +379,7 @@ def reap(opts: ReapOptions) -> ReapResult:
         if backend is not None:
             t0 = time.monotonic()
             spared_gpu = reap_memory.SparedGpuProcesses(handled | planned, why_not, matcher,
-                                            compute_matcher, opts, scope)
+                                                        compute_matcher, opts, scope)
             if opts.wait_memory and not opts.check_mode:
                 result.memory_after, result.memory_excluded = reap_memory.wait_memory(
                     backend, opts, spared_gpu)

@@ -58,7 +58,6 @@ def baseline_for(baseline: object, index: int) -> Optional[int]:
     return baseline.get(index)      # dict, normalised by validate()
 
 
-
 def memory_is_clean(gpu: GpuMemory, baseline: Optional[int], threshold: int,
                     exclusion: Optional[MemoryExclusion] = None) -> bool:
     """Back to baseline, leaving out what spared processes hold (exclusion): with a baseline,
@@ -74,7 +73,7 @@ def memory_is_clean(gpu: GpuMemory, baseline: Optional[int], threshold: int,
 
 
 def all_clean(mem: List[GpuMemory], opts: MemoryOptions,
-               exclusions: Sequence[MemoryExclusion] = ()) -> bool:
+              exclusions: Sequence[MemoryExclusion] = ()) -> bool:
     by_index = {e.index: e for e in exclusions}
     return all(memory_is_clean(g, baseline_for(opts.memory_baseline_mib, g.index),
                                opts.memory_threshold_mib, by_index.get(g.index)) for g in mem)
@@ -171,7 +170,7 @@ class SparedGpuProcesses:
 
 
 def wait_memory(backend, opts: MemoryOptions, spared: SparedGpuProcesses
-                 ) -> Tuple[List[GpuMemory], List[MemoryExclusion]]:
+                ) -> Tuple[List[GpuMemory], List[MemoryExclusion]]:
     """Poll until clean or timeout. The driver frees a dead process's memory some hundreds of
     milliseconds after the process is gone, so this is where most of the time goes; NVML reads
     are cheap enough to poll every 20 ms, nvidia-smi runs back off to poll_interval."""
