@@ -4,16 +4,13 @@ row says how the workload counted its input lengths (`prompt_token_source`)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
     level_configs, run_levels,
 )
-from simproc import SIMULATOR, ServerProcess
-
-pytestmark = pytest.mark.skipif(not os.path.exists(SIMULATOR), reason="simulator not present")
+from simproc import ServerProcess
 
 
 def sweep(url, workload):
