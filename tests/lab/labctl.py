@@ -369,7 +369,7 @@ class Lab:
                      inventory=None) -> PlaybookRun:
         """Run a playbook (path relative to the repo, or absolute) against the lab inventory
         (or `inventory`, e.g. one from fleet_inventory())."""
-        import ansible_runner  # controller-side dependency (requirements.txt); imported late for the CLI
+        import ansible_runner  # controller-side dependency (requirements-dev.txt); imported late for the CLI
 
         path = Path(playbook)
         if not path.is_absolute():
