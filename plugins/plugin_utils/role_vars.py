@@ -38,7 +38,7 @@ class RoleVariables:
         return self.role + "_"
 
     def all_known(self) -> Tuple[str, ...]:
-        return tuple(sorted(set(self.known) | {name for name, _ in self.elsewhere}))
+        return tuple(sorted(set(self.known) | {name for name, _where in self.elsewhere}))
 
 
 @dataclasses.dataclass(frozen=True)

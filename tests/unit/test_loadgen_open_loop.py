@@ -37,8 +37,8 @@ def test_gamma_gaps_have_the_burstiness_asked_for_and_hold_the_rate(burstiness):
 
 
 def test_gamma_is_burstier_than_poisson_below_one_and_reproducible_by_seed():
-    bursty, _ = gaps("gamma", 0.25)
-    poisson, _ = gaps("poisson", 1.0)
+    bursty, _rate = gaps("gamma", 0.25)
+    poisson, _rate = gaps("poisson", 1.0)
     # More arrivals packed close together (a gap under a tenth of the mean).
     short = 0.1 / 100.0
     assert (sum(g < short for g in bursty) / len(bursty)

@@ -33,8 +33,8 @@ def records(seed, n, per_chunk=True):
             out.append(RequestTiming(worker=i % 7, request_id=i, t_send=t_send,
                                      error="connect failed: refused"))
             continue
-        times = sorted(t_send + rng.randrange(1, 500_000_000) for _ in range(rng.randrange(1, 40)))
-        toks = [rng.choice((1, 1, 2, 3)) for _ in times] if per_chunk else None
+        times = sorted(t_send + rng.randrange(1, 500_000_000) for _chunk in range(rng.randrange(1, 40)))
+        toks = [rng.choice((1, 1, 2, 3)) for _time in times] if per_chunk else None
         r = RequestTiming(worker=i % 7, request_id=i, t_send=t_send, t_first=times[0],
                           t_last=times[-1], prompt_tokens=rng.randrange(1, 99),
                           completion_tokens=sum(toks) if toks else len(times),
@@ -105,8 +105,8 @@ def test_the_spool_gives_what_the_records_in_memory_gave(tmp_path):
     row = {"host": "h", "profile": "p", "concurrency": 5, "repeat": 1}
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
-    _, old_jsonl = write_level_files(str(tmp_path / "old"), row, old_rows)
-    _, new_jsonl = write_level_files(str(tmp_path / "new"), row, rows)
+    _old_csv, old_jsonl = write_level_files(str(tmp_path / "old"), row, old_rows)
+    _new_csv, new_jsonl = write_level_files(str(tmp_path / "new"), row, rows)
     with open(old_jsonl, "rb") as old, open(new_jsonl, "rb") as new:
         assert new.read() == old.read()
     rows.close()

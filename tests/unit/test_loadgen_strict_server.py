@@ -155,8 +155,8 @@ def test_ignore_eos_false_clears_every_prompts_flag_and_unset_keeps_it():
     assert with_ignore_eos(synthetic, True) is synthetic
     configs, workload = level_configs(params("http://127.0.0.1:1", ignore_eos=False))
     assert not configs[0].ignore_eos and not any(p.ignore_eos for p in workload.prompts)
-    configs, _ = level_configs(params("http://127.0.0.1:1", workload={"kind": "builtin"},
-                                      ignore_eos=True))
+    configs, _loaded = level_configs(params("http://127.0.0.1:1", workload={"kind": "builtin"},
+                                            ignore_eos=True))
     assert configs[0].ignore_eos
 
 

@@ -440,7 +440,7 @@ def test_end_children_leaves_the_reaping_to_the_owner_when_asked(kids):
 
 
 def test_the_load_generator_stops_its_client_processes_through_terminate(monkeypatch,
-                                                                          recorded_plans):
+                                                                         recorded_plans):
     """A client process that handed over its result but does not exit is ended, not left."""
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen import level
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import (

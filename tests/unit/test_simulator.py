@@ -610,7 +610,7 @@ def test_live_closed_loop_matches_prediction(start_sim):
     for concurrency in (1, 4):
         live = closed_loop(srv.port, concurrency, prompt_tokens, output_tokens, 7)
         pred = predict_level("eagle3", concurrency, prompt_tokens, output_tokens,
-                                 time_scale=scale).output_tok_s
+                             time_scale=scale).output_tok_s
         report.append((concurrency, round(live, 1), round(pred, 1)))
         print(f"C={concurrency}: live {live:.1f} tok/s, predicted {pred:.1f} "
               f"({live / pred - 1:+.1%})")

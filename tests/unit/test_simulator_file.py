@@ -56,11 +56,11 @@ def test_the_zipapp_runs_alone_in_an_isolated_interpreter(tmp_path):
     path, _written = simulator_file.materialise(str(tmp_path), simulator_file.simulator_archive())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     done = subprocess.run([sys.executable, "-I", path, "--profile", "nope"], cwd=str(tmp_path),
-                          env=env, capture_output=True, text=True, timeout=60)
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
     # Every module imported (cli imports the server, which imports the rest) and the command
     # line parsed: the profile's check answers, not an ImportError.
     assert done.returncode == 2, done.stderr
     assert "unknown profile 'nope'" in done.stderr and "Traceback" not in done.stderr
     helped = subprocess.run([sys.executable, "-I", path, "--help"], cwd=str(tmp_path), env=env,
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, check=False)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: servelab_simulator.pyz")

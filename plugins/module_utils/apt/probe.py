@@ -19,7 +19,6 @@ import tempfile
 from typing import Callable, List, Optional, Sequence, Tuple
 
 
-
 @dataclasses.dataclass
 class Probe:
     package: str
@@ -77,7 +76,8 @@ Runner = Callable[[Sequence[str]], Tuple[int, str, str]]
 def _run(argv: Sequence[str], timeout: float = 300.0) -> Tuple[int, str, str]:
     env = dict(os.environ, LC_ALL="C", DEBIAN_FRONTEND="noninteractive")
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 1, "", "E: %s" % exc
     return proc.returncode, proc.stdout, proc.stderr

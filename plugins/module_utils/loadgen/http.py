@@ -117,7 +117,6 @@ def request_body(api: str, model: str, prompt, max_tokens: int, ignore_eos: bool
     return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
-
 class RxStats:
     """Reads of one client process, and how many of them the kernel stamped."""
     __slots__ = ("reads", "kernel_reads")

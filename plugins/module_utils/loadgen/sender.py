@@ -171,7 +171,7 @@ class ArrivalSchedule:
             rng = self.rng
             if self.shape is not None:
                 k = GAMMA_BLOCK
-                gaps = [rng.gammavariate(self.shape, 1.0) for _ in range(k)]
+                gaps = [rng.gammavariate(self.shape, 1.0) for _draw in range(k)]
             else:
                 k = POISSON_BLOCK
                 gaps = [-math.log(1.0 - (i + rng.random()) / k) for i in range(k)]

@@ -93,7 +93,7 @@ class RecordSpool:
         never closed), as the client's last reconcile settled the records it held."""
         self.close()
         with open(self.path, "rb") as fh:
-            for _ in range(self.count):
+            for _record in range(self.count):
                 (worker, request_id, t_send, t_first, t_last, prompt_tokens, completion_tokens,
                  tokens_source, chunks, error, t_sched, server_id, times,
                  tokens) = marshal.load(fh)

@@ -565,4 +565,3 @@ class StreamConnection(asyncio.BufferedProtocol):
             req.error = error
         self._settle_tokens(req)
         self.on_done(self, req)
-

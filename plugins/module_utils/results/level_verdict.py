@@ -212,11 +212,11 @@ def open_loop_flag(row: Mapping) -> str:
         return ("in-flight cap: %s with the cap of %d in flight (at e2e p50 %.2f s it allows "
                 "about %.2f req/s; arrivals queued behind it, hence the send lateness): raise "
                 "the cap (concurrency; bench_concurrency in rate mode) or lower the rate"
-                % (shortfall, cap, e2e_ms / 1000.0, allows))
+                % (shortfall, int(cap or 0), float(e2e_ms or 0) / 1000.0, float(allows)))
     late = _number(row, "send_lateness_p99_ms")
     return ("open loop behind: %s, not for the in-flight cap (%s): the client sent late%s; "
             "check client CPU and loop lag" % (
-                shortfall, "%d in flight allow about %.2f req/s" % (cap, allows)
+                shortfall, "%d in flight allow about %.2f req/s" % (int(cap or 0), float(allows or 0))
                 if allows is not None else "no latency to tell",
                 " (send lateness p99 %.0f ms)" % late if late is not None else ""))
 
