@@ -11,8 +11,6 @@ returned as `target_checks` for bench.yml's next task. Target mode (`workloads`,
 """
 from __future__ import annotations
 
-import os
-
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
@@ -20,28 +18,10 @@ from ansible_collections.servelab.serving.plugins.modules.bench_preflight import
 from ansible_collections.servelab.serving.plugins.plugin_utils import preflight as pf
 from ansible_collections.servelab.serving.plugins.plugin_utils.preflight.fleet import same_machine
 from ansible_collections.servelab.serving.plugins.plugin_utils.results_root import results_root_problem
+from ansible_collections.servelab.serving.plugins.plugin_utils.origin import value_origin
 
-try:   # ansible-core 2.19's data tags say which file and line a value came from
-    from ansible._internal._datatag._tags import Origin
-except ImportError:   # older cores: messages go without the location
-    Origin = None
 
 MODULE = "servelab.serving.bench_preflight"
-
-
-def _origin(value) -> str:
-    if Origin is None:
-        return ""
-    try:
-        tag = Origin.get_tag(value)
-    except Exception:  # noqa: BLE001 - diagnostics only; never fail a check over a location
-        return ""
-    if not tag or not tag.path:
-        return ""
-    path, cwd = str(tag.path), os.getcwd()
-    if path.startswith(cwd + os.sep):
-        path = os.path.relpath(path, cwd)
-    return "%s:%s" % (path, tag.line_num) if tag.line_num else path
 
 
 def _first_line(exc: Exception) -> str:
@@ -106,11 +86,11 @@ class ActionModule(ActionBase):
                 values[name] = pf.plain(templar.template(variables[name]))
             except Exception as exc:  # noqa: BLE001 - any templating error is the user's to fix
                 errors[name] = _first_line(exc)
-        origins = {name: _origin(raw[name]) for name in given}
+        origins = {name: value_origin(raw[name]) for name in given}
         profiles = raw.get("bench_profiles")
         if isinstance(profiles, list):
             for i, item in enumerate(profiles):
-                origins["bench_profiles[%d]" % i] = _origin(item) or origins["bench_profiles"]
+                origins["bench_profiles[%d]" % i] = value_origin(item) or origins["bench_profiles"]
         groups = {str(k): [str(h) for h in v] for k, v in (task_vars.get("groups") or {}).items()}
         return pf.HostInput(host=host, values=values, given=given,
                             origins={k: v for k, v in origins.items() if v}, errors=errors,

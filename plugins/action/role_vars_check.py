@@ -7,34 +7,12 @@ Documentation: plugins/modules/role_vars_check.py.
 """
 from __future__ import annotations
 
-import os
-
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.servelab.serving.plugins.modules.role_vars_check import ARGUMENT_SPEC
 from ansible_collections.servelab.serving.plugins.plugin_utils import role_vars
-
-try:   # ansible-core 2.19's data tags say which file and line a value came from
-    from ansible._internal._datatag._tags import Origin
-except ImportError:   # older cores: messages go without the location
-    Origin = None
-
-
-def _origin(value) -> str:
-    """file:line where a variable's value was set (as bench_preflight reports it), or ''."""
-    if Origin is None:
-        return ""
-    try:
-        tag = Origin.get_tag(value)
-    except Exception:  # noqa: BLE001 - diagnostics only; never fail a check over a location
-        return ""
-    if not tag or not tag.path:
-        return ""
-    path, cwd = str(tag.path), os.getcwd()
-    if path.startswith(cwd + os.sep):
-        path = os.path.relpath(path, cwd)
-    return "%s:%s" % (path, tag.line_num) if tag.line_num else path
+from ansible_collections.servelab.serving.plugins.plugin_utils.origin import value_origin
 
 
 class ActionModule(ActionBase):
@@ -62,7 +40,7 @@ class ActionModule(ActionBase):
             raw = dict(hostvars.raw_get(str(host)))
             origins = {}
             for name in raw:
-                where = _origin(raw[name])
+                where = value_origin(raw[name])
                 if where:
                     origins[str(name)] = where
             found += role_vars.unknown_variables(raw, roles, host=str(host), origins=origins)
