@@ -31,13 +31,14 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.spec_sched
     build_schedule,
     speculation_max_batch,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import advice
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import repeats
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import load_levels
 
 KINDS = ("schedule", "router")
 SIMULATOR_SCHEDULES = ("threshold", "thrash")
-VLLM_DEFAULT_MAX_NUM_SEQS = analysis.VLLM_DEFAULT_MAX_NUM_SEQS
+VLLM_DEFAULT_MAX_NUM_SEQS = advice.VLLM_DEFAULT_MAX_NUM_SEQS
 
 
 class DeriveError(ValueError):

@@ -14,7 +14,7 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     PARTS_DIR, PLOTS_DIR, REPORT_HTML, SUMMARY,
 )
-from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis, distributions, plots
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis, distributions, figures, plots
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import SpeedupPoint
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import (
     PLOT_FILES, build_report, write_report,
@@ -94,14 +94,14 @@ def test_gpu_counts_from_the_manifest():
     manifest = {"hosts": {"a": {"gpu_facts": {"gpus": [{}, {}]}},
                           "b": {"gpu_facts": {"gpus": [], "reason": "no nvidia-smi"}},
                           "c": {"bench": {}}, "d": "odd"}}
-    assert analysis.gpu_counts(manifest) == {"a": 2}
-    assert analysis.gpu_counts({}) == {}
+    assert figures.gpu_counts(manifest) == {"a": 2}
+    assert figures.gpu_counts({}) == {}
 
 
 def test_pareto_frontier_keeps_the_undominated_points():
     points = [(10, 1), (5, 5), (1, 10), (4, 4), (5, 5), (0.5, 9), (10, 0.5)]
-    assert analysis.pareto_frontier(points) == [2, 1, 0]
-    assert analysis.pareto_frontier([]) == []
+    assert figures.pareto_frontier(points) == [2, 1, 0]
+    assert figures.pareto_frontier([]) == []
 
 
 def test_pareto_points_per_gpu_per_user_and_the_frontier():
@@ -112,7 +112,7 @@ def test_pareto_points_per_gpu_per_user_and_the_frontier():
         ("h", "eagle3", 4, 300.0, True, "usable"),
         ("h", "eagle3", 8, 900.0, False, "client_limited"),
     ])
-    points = {(p.profile, p.concurrency): p for p in analysis.pareto_points(levels, {"h": 4})}
+    points = {(p.profile, p.concurrency): p for p in figures.pareto_points(levels, {"h": 4})}
     base4 = points[("baseline", 4)]
     assert base4.per_user == pytest.approx(100.0) and base4.per_unit == pytest.approx(100.0)
     assert base4.gpus == 4
@@ -128,14 +128,14 @@ def test_pareto_points_per_gpu_per_user_and_the_frontier():
 def test_pareto_without_gpu_count_is_per_host_and_labelled_so():
     levels = frame([("h", "baseline", 2, 100.0, True, "usable"),
                     ("k", "baseline", 2, 300.0, True, "usable")])
-    points = analysis.pareto_points(levels, {})
+    points = figures.pareto_points(levels, {})
     assert [p.per_unit for p in points] == [100.0, 300.0] and {p.gpus for p in points} == {None}
     # Per host figures of different machines do not compare: each host has its own frontier.
     assert all(p.frontier for p in points)
     x_label, y_label = plots.pareto_labels(points)
     assert "per host" in y_label and "GPU count" in y_label
     assert "per user" in x_label and "\u00f7 C" in x_label
-    assert plots.pareto_labels(analysis.pareto_points(levels, {"h": 1, "k": 2}))[1] == (
+    assert plots.pareto_labels(figures.pareto_points(levels, {"h": 1, "k": 2}))[1] == (
         "output tok/s per GPU")
 
 
@@ -148,19 +148,19 @@ def test_cdf_levels_default_lowest_bracket_highest():
     cross = analysis.Crossover("h", "eagle3", "baseline", "crossed", concurrency=8,
                                bracket=[4, 8], estimate=5.0)
     never = analysis.Crossover("h", "other", "baseline", "never_won")
-    assert analysis.cdf_levels_for(levels, [cross, never]) == {"h": [1, 4, 8, 16]}
-    assert analysis.cdf_levels_for(levels, [never]) == {"h": [1, 16]}
-    assert analysis.cdf_levels_for(levels, [cross], requested=[16, 2, 3]) == {"h": [2, 3, 16]}
+    assert figures.cdf_levels_for(levels, [cross, never]) == {"h": [1, 4, 8, 16]}
+    assert figures.cdf_levels_for(levels, [never]) == {"h": [1, 16]}
+    assert figures.cdf_levels_for(levels, [cross], requested=[16, 2, 3]) == {"h": [2, 3, 16]}
 
 
 def test_ecdf_sorted_and_weighted():
-    x, y = analysis.ecdf([3.0, 1.0, 2.0, 2.0])
+    x, y = figures.ecdf([3.0, 1.0, 2.0, 2.0])
     assert x == [1.0, 2.0, 3.0] and y == pytest.approx([0.25, 0.75, 1.0])
-    x, y = analysis.ecdf([2.0, 1.0], weights=[3.0, 1.0])
+    x, y = figures.ecdf([2.0, 1.0], weights=[3.0, 1.0])
     assert x == [1.0, 2.0] and y == pytest.approx([0.25, 1.0])
-    x, y = analysis.ecdf([float(i) for i in range(10_000, 0, -1)], max_points=100)
+    x, y = figures.ecdf([float(i) for i in range(10_000, 0, -1)], max_points=100)
     assert len(x) <= 100 and x == sorted(x) and x[0] == 1.0 and x[-1] == 10_000.0
-    assert y[-1] == 1.0 and analysis.ecdf([]) == ([], [])
+    assert y[-1] == 1.0 and figures.ecdf([]) == ([], [])
 
 
 def test_cdf_data_from_the_request_records(tmp_path):
@@ -169,9 +169,9 @@ def test_cdf_data_from_the_request_records(tmp_path):
     assert report_levels.crossover_details[0]["bracket"] == [2, 4]
     loaded = load_run(str(run))
     crossovers = analysis.compute_crossover(loaded.levels, "baseline")
-    chosen = analysis.cdf_levels_for(loaded.levels, crossovers)
+    chosen = figures.cdf_levels_for(loaded.levels, crossovers)
     assert chosen == {"gpu1": [1, 2, 4, 8]}
-    chosen = analysis.cdf_levels_for(loaded.levels, crossovers, [1, 8])
+    chosen = figures.cdf_levels_for(loaded.levels, crossovers, [1, 8])
     wanted = distributions.wanted_levels(loaded.levels, chosen)
     assert wanted == {("gpu1", p, c) for p in ("baseline", "eagle3") for c in (1, 8)}
     samples, warnings = distributions.read_samples(loaded.records.request_files, wanted)
@@ -233,7 +233,7 @@ def test_speedup_band_propagates_both_cis():
                     ("h", "baseline", 2, 100.0, False, "failed"),
                     ("h", "eagle3", 2, 150.0, True, "usable")])
     points = analysis.compute_speedup(levels, "baseline")
-    bands = analysis.speedup_bands(points, levels)
+    bands = figures.speedup_bands(points, levels)
     # CI95 = 10% of each: dr = 2 * sqrt(0.1^2 + 0.1^2); the unusable C=2 has no band.
     assert len(bands) == 1
     host, profile, c, low, high = bands[0]
@@ -258,23 +258,23 @@ def record(profile, scale, host="h", engine="simulator"):
 
 def test_badge_text_for_a_scaled_run():
     records = [record("baseline", 20.0), record("eagle3", 20.0)]
-    badge = analysis.time_scale_badge(records, {("baseline", "h"), ("eagle3", "h")})
+    badge = figures.time_scale_badge(records, {("baseline", "h"), ("eagle3", "h")})
     assert badge.startswith("time-scaled simulator x20 | real-time equivalent")
     assert "tok/s \u00f7 20" in badge and "latencies \u00d7 20" in badge
 
 
 def test_badge_names_each_factor_when_they_differ():
     records = [record("baseline", 20.0), record("eagle3", 10.0)]
-    badge = analysis.time_scale_badge(records, {("baseline", "h"), ("eagle3", "h")})
+    badge = figures.time_scale_badge(records, {("baseline", "h"), ("eagle3", "h")})
     assert "baseline x20" in badge and "eagle3 x10" in badge
     assert "ratios unchanged" not in badge
 
 
 def test_no_badge_for_real_engines_or_an_unmeasured_scaled_profile():
-    assert analysis.time_scale_badge([record("baseline", None, engine="sglang")],
+    assert figures.time_scale_badge([record("baseline", None, engine="sglang")],
                                      {("baseline", "h")}) is None
-    assert analysis.time_scale_badge([record("baseline", 1.0)], {("baseline", "h")}) is None
-    assert analysis.time_scale_badge([record("other", 20.0)], {("baseline", "h")}) is None
-    assert analysis.time_scale_badge([], set()) is None
+    assert figures.time_scale_badge([record("baseline", 1.0)], {("baseline", "h")}) is None
+    assert figures.time_scale_badge([record("other", 20.0)], {("baseline", "h")}) is None
+    assert figures.time_scale_badge([], set()) is None
     flat = record("baseline", 20.0, host="*")
-    assert "x20" in analysis.time_scale_badge([flat], {("baseline", "h")})
+    assert "x20" in figures.time_scale_badge([flat], {("baseline", "h")})

@@ -24,7 +24,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.contract 
     REPORT_HTML,
     SUMMARY,
 )
-from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.advice import (
     SPECULATION_SENTENCE,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import (

@@ -10,9 +10,7 @@ not a configuration to serve with.
 
 from __future__ import annotations
 
-import json
 import math
-import shlex
 from dataclasses import dataclass, field
 
 # Controller requirements (requirements.txt). Guarded so that the plugin loads without them and
@@ -22,11 +20,7 @@ try:
 except ImportError:  # pragma: no cover - checked by the action plugin
     pd = None
 
-from ansible_collections.servelab.serving.plugins.module_utils.server.spec_schedule import (
-    as_lists,
-    build_schedule,
-    speculation_max_batch,
-)
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.advice import speculation_advice
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
     CLIENT_LIMITED,
     EXCLUDED,
@@ -39,32 +33,6 @@ FINISHED = "finished"
 SPECULATIVE_FLAGS = ("--speculative-algorithm", "--speculative-config", "--speculative-model",
                      "--speculative-draft-model-path")
 SPEC_ACCEPT = "server_spec_accept_length_mean"
-# Said only when a speculative profile that may be recommended crosses below the baseline.
-SPECULATION_SENTENCE = (
-    " SGLang cannot switch speculation off above a concurrency, so pick the profile for the "
-    "concurrency you expect to serve, or run both and route by load."
-)
-# vLLM's switch by load, read in the pinned release's own config (vllm/config/speculative.py and
-# vllm/v1/spec_decode/dynamic/utils.py of vLLM 0.33.0): `disable_by_batch_size` is gone; a
-# speculative config takes `num_speculative_tokens_per_batch_size`, inclusive batch-size ranges
-# [[start, end, k], ...] from 1 upwards, k >= 0 (0: no speculation at that batch size); Model
-# Runner V1 honours it only for ngram, eagle, eagle3, mtp, draft_model and dflash.
-VLLM_SCHEDULE_RELEASE = "0.33.0"
-VLLM_SCHEDULE_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash")
-VLLM_DEFAULT_MAX_NUM_SEQS = 256     # vLLM's default --max-num-seqs on GPUs of this class
-# Said next to every schedule the report gives, because the measured profile ran without one:
-# - vllm-project/vllm#49548 (open) reports this schedule collapsing throughput under load (the
-#   speculation length flipping step to step; the simulator's spec_dynamic: thrash models it);
-# - vLLM 0.33.0 forces cudagraph_mode PIECEWISE on Model Runner V1 whenever the schedule is set
-#   (vllm/config/vllm.py:1069-1086, _maybe_override_dynamic_sd_cudagraph_mode), and drops the
-#   schedule with data parallelism (:1110-1127); the schedule first exists in vLLM 0.24.0
-#   (vllm/config/speculative.py:162; 0.23.0 has none). The simulator does not model the
-#   PIECEWISE cost (plugins/module_utils/simulator/profiles.py, speculation_on).
-VLLM_SCHEDULE_CAVEATS = (
-    " Measure it before serving it: the open vllm-project/vllm#49548 reports this schedule collapsing "
-    "under load, and vLLM 0.33.0 then runs CUDA graphs PIECEWISE instead of full on Model Runner V1 "
-    "(vllm/config/vllm.py:1069-1086), a cost the measured profile did not pay and the simulator does "
-    "not model.")
 
 
 @dataclass
@@ -132,29 +100,6 @@ class HostRecommendation:
     host: str
     segments: list
     text: str
-
-
-@dataclass
-class ComparePoint:
-    host: str
-    profile: str
-    concurrency: int
-    output_tok_s: float | None
-    earlier_output_tok_s: float | None
-    delta_tok_s: float | None
-    delta_pct: float | None
-    ttft_p50_ms: float | None
-    earlier_ttft_p50_ms: float | None
-    tpot_p50_ms: float | None
-    earlier_tpot_p50_ms: float | None
-    earlier_host: str
-    # |delta| beyond both runs' 95% half-widths combined (sqrt(ci_now^2 + ci_then^2)), or a value
-    # outside the other run's range: a change; False: inside the noise; None: a run has no CI.
-    beyond_ci: bool | None = None
-    # Within the half-widths combined, but one run's value lies outside the other's range (its
-    # repeats' min..max; measured once, its value +- CI95): a change all the same, never "within
-    # CI", however wide the half-widths (issue 28: 161 -> 30.9 tok/s called "within CI").
-    outside_range: bool = False
 
 
 def finite_number(value) -> float | None:
@@ -518,78 +463,6 @@ def _serve_phrase(segments: list, baseline: str, crossed: list) -> str:
     return text
 
 
-def _vllm_spec_config(cmdline: str | None) -> tuple[dict | None, int | None]:
-    """The --speculative-config JSON and --max-num-seqs of a vLLM command line, where given."""
-    config, max_seqs = None, None
-    try:
-        argv = shlex.split(cmdline or "")
-    except ValueError:
-        return None, None
-    for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
-        name = arg.split("=", 1)[0]
-        if name == "--speculative-config":
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                parsed = None
-            config = parsed if isinstance(parsed, dict) else None
-        elif name == "--max-num-seqs":
-            try:
-                max_seqs = int(value)
-            except ValueError:
-                pass
-    return config, max_seqs
-
-
-def vllm_schedule_setting(cross, record) -> str | None:
-    """The exact speculative-config entry that turns speculation off above the measured
-    crossover, for a vLLM profile (None when its command line has no speculative config).
-    In a closed loop at concurrency C the running batch is about C, so speculation stays on for
-    batch sizes up to the last concurrency where it still paid (the bracket's lower level, or the
-    interpolated crossover rounded down when that lies higher)."""
-    config, max_seqs = _vllm_spec_config(getattr(record, "cmdline", None))
-    if not config or not config.get("num_speculative_tokens"):
-        return None
-    k = int(config["num_speculative_tokens"])
-    keep = speculation_max_batch(cross.bracket[0] if cross.bracket else None,
-                                 cross.concurrency, cross.estimate)
-    top = max(max_seqs or VLLM_DEFAULT_MAX_NUM_SEQS, keep + 1)
-    schedule = dict(config, num_speculative_tokens_per_batch_size=as_lists(
-        build_schedule(keep, k, top)))
-    text = (f" vLLM {VLLM_SCHEDULE_RELEASE} can switch {cross.profile}'s speculation off by load "
-            f"(on {cross.host} it stops paying above C={keep}): --speculative-config "
-            f"'{json.dumps(schedule, sort_keys=True, separators=(',', ':'))}'"
-            " (a batch-size schedule: k tokens up to batch size "
-            f"{keep}, none above; the running batch is about C in a closed loop"
-            + ("" if max_seqs else f"; {top} stands for --max-num-seqs, vLLM's default here")
-            + ")." + VLLM_SCHEDULE_CAVEATS)
-    if str(config.get("method", "")).lower() not in VLLM_SCHEDULE_METHODS:
-        text += (f" Its method {config.get('method')!r} honours the schedule only on Model "
-                 "Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1).")
-    return text
-
-
-def speculation_advice(crossovers: list, speculative: set, failing: dict, records=()) -> str:
-    """Per engine, how to act on a speculative profile's crossover: vLLM's exact schedule
-    setting; SGLang (and the simulator, which models it) has no switch by load."""
-    by_key = {(r.host, r.profile): r for r in records}
-    wildcard = {r.profile: r for r in records if r.host == "*"}
-    texts, sglang_like = [], False
-    for cross in crossovers:
-        key = (cross.host, cross.profile)
-        if cross.status != "crossed" or key not in speculative or key in failing:
-            continue
-        record = by_key.get(key) or wildcard.get(cross.profile)
-        engine = (getattr(record, "engine", None) or "").lower()
-        setting = vllm_schedule_setting(cross, record) if engine == "vllm" else None
-        if setting:
-            texts.append(setting)
-        else:
-            sglang_like = True
-    return (SPECULATION_SENTENCE if sglang_like else "") + "".join(texts)
-
-
 def recommend(
     levels: pd.DataFrame,
     baseline: str,
@@ -648,68 +521,6 @@ def recommend(
     return per_host, paragraph
 
 
-def _level_range(row) -> tuple[float, float] | None:
-    """The range a level's throughput was seen in: its counted repeats' min..max, or, measured
-    once, its value +- its CI95; None when neither is known."""
-    repeats = _num(row.get("repeats"))
-    low, high = _num(row.get("output_tok_s_min")), _num(row.get("output_tok_s_max"))
-    if repeats is not None and repeats > 1 and low is not None and high is not None:
-        return low, high
-    value, ci = _num(row.get("output_tok_s")), _num(row.get("output_tok_s_ci95"))
-    if value is None or ci is None:
-        return None
-    return value - ci, value + ci
-
-
-def _outside(value: float | None, bounds: tuple[float, float] | None) -> bool:
-    return value is not None and bounds is not None and not bounds[0] <= value <= bounds[1]
-
-
-def compare_runs(levels: pd.DataFrame, earlier: pd.DataFrame) -> tuple[list, str]:
-    """Per (host, profile, concurrency) the change against an earlier run.
-
-    Matched by host name; when neither run shares a host name but each has exactly one host (a
-    laptop run against a field run), the single hosts are matched and the note says so.
-    """
-    host_map = {h: h for h in set(levels["host"]) & set(earlier["host"])}
-    note = ""
-    if not host_map and levels["host"].nunique() == 1 and earlier["host"].nunique() == 1:
-        now_host, then_host = levels["host"].iloc[0], earlier["host"].iloc[0]
-        host_map = {now_host: then_host}
-        note = f"hosts differ: {now_host} compared with {then_host} of the earlier run"
-    elif not host_map:
-        note = "the runs share no host, so nothing is compared"
-    before = earlier.set_index(["host", "profile", "concurrency"])
-    points = []
-    for _key, row in levels.iterrows():
-        then_host = host_map.get(row["host"])
-        key = (then_host, row["profile"], int(row["concurrency"]))
-        if then_host is None or key not in before.index:
-            continue
-        old = before.loc[key]
-        now_v, old_v = _num(row["output_tok_s"]), _num(old["output_tok_s"])
-        delta = now_v - old_v if now_v is not None and old_v is not None else None
-        pct = 100.0 * delta / old_v if delta is not None and old_v else None
-        ci_now, ci_then = _num(row.get("output_tok_s_ci95")), _num(old.get("output_tok_s_ci95"))
-        beyond = (None if delta is None or ci_now is None or ci_then is None
-                  else abs(delta) > math.hypot(ci_now, ci_then))
-        # Inside the half-widths combined but outside the other run's range: still a change
-        # (wide half-widths from 2 repeats must not hide a value the other run never saw).
-        outside = beyond is not True and delta is not None and (
-            _outside(now_v, _level_range(old)) or _outside(old_v, _level_range(row)))
-        if outside:
-            beyond = True
-        points.append(ComparePoint(
-            host=row["host"], profile=row["profile"], concurrency=int(row["concurrency"]),
-            output_tok_s=now_v, earlier_output_tok_s=old_v, delta_tok_s=delta, delta_pct=pct,
-            ttft_p50_ms=_num(row["ttft_p50_ms"]), earlier_ttft_p50_ms=_num(old["ttft_p50_ms"]),
-            tpot_p50_ms=_num(row["tpot_p50_ms"]), earlier_tpot_p50_ms=_num(old["tpot_p50_ms"]),
-            earlier_host=then_host, beyond_ci=beyond, outside_range=outside))
-    if host_map and not points:
-        note = (note + "; " if note else "") + "no (profile, concurrency) pair is in both runs"
-    return points, note
-
-
 # --------------------------------------------------------------------------------------------
 # Figure data: pure functions the plots draw (plots.py) and the tests check.
 
@@ -724,165 +535,3 @@ def exclusion_reason(row) -> str:
     return EXCLUSION_WORDS.get(str(row.get("verdict") or ""), "excluded")
 
 
-def gpu_counts(manifest: dict) -> dict:
-    """{host: number of GPUs} from manifest.json's hosts.<host>.gpu_facts.gpus; a host whose
-    facts list no GPU (or have none) is left out: its figures cannot be put per GPU."""
-    out = {}
-    hosts = manifest.get("hosts") if isinstance(manifest, dict) else None
-    for host, info in (hosts or {}).items() if isinstance(hosts, dict) else ():
-        facts = info.get("gpu_facts") if isinstance(info, dict) else None
-        gpus = facts.get("gpus") if isinstance(facts, dict) else None
-        if isinstance(gpus, list) and gpus:
-            out[str(host)] = len(gpus)
-    return out
-
-
-def pareto_frontier(points: list) -> list:
-    """Indices of the (x, y) points no other point beats on both (higher is better on both
-    axes), in ascending x. A point equal to another on both is kept once (the first)."""
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1], i))
-    frontier, best_y = [], -math.inf
-    for i in order:
-        if points[i][1] > best_y:
-            frontier.append(i)
-            best_y = points[i][1]
-    return sorted(frontier, key=lambda i: (points[i][0], i))
-
-
-@dataclass
-class ParetoPoint:
-    host: str
-    profile: str
-    concurrency: int
-    per_user: float      # output tok/s / C: the tok/s each of the C closed-loop users receives
-    per_unit: float      # output tok/s / the host's GPUs, or per host when their count is unknown
-    gpus: int | None     # the divisor; None: per host
-    usable: bool
-    reason: str = ""     # exclusion_reason when not usable
-    frontier: bool = False
-
-
-def pareto_points(levels: pd.DataFrame, gpus: dict) -> list:
-    """One ParetoPoint per measured level with an output tok/s. The frontier is computed over
-    the usable points that share a y unit: all hosts together when every host's GPU count is
-    known (per GPU), else each host apart (per host figures of different machines do not
-    compare)."""
-    points = []
-    for _key, row in levels.iterrows():
-        tok_s = _num(row["output_tok_s"])
-        c = int(row["concurrency"])
-        if tok_s is None or c <= 0:
-            continue
-        n = gpus.get(str(row["host"]))
-        points.append(ParetoPoint(
-            host=str(row["host"]), profile=str(row["profile"]), concurrency=c,
-            per_user=tok_s / c, per_unit=tok_s / n if n else tok_s, gpus=n,
-            usable=bool(row["usable"]), reason=exclusion_reason(row)))
-    every_host_known = all(p.gpus for p in points)
-    groups: dict = {}
-    for p in points:
-        if p.usable:
-            groups.setdefault("gpu" if every_host_known else p.host, []).append(p)
-    for members in groups.values():
-        for i in pareto_frontier([(p.per_user, p.per_unit) for p in members]):
-            members[i].frontier = True
-    return points
-
-
-def speedup_bands(speedup: list, levels: pd.DataFrame) -> list:
-    """[(host, profile, concurrency, low, high)] of the usable speedup points whose two levels
-    both have a CI95.
-
-    The ratio r = p / b of the profile's and the baseline's output tok/s carries both levels'
-    95% CI half-widths (batch means, the two levels measured independently) by first-order
-    error propagation: dr = r * sqrt((dp / p)^2 + (db / b)^2). It is an approximation (the
-    ratio's distribution is not symmetric) good while both relative half-widths are small.
-    """
-    ci = {(str(r["host"]), str(r["profile"]), int(r["concurrency"])): _num(r["output_tok_s_ci95"])
-          for _key, r in levels.iterrows()}
-    bands = []
-    for p in speedup:
-        if not p.usable or p.speedup is None or not p.profile_tok_s or not p.baseline_tok_s:
-            continue
-        dp = ci.get((p.host, p.profile, p.concurrency))
-        db = ci.get((p.host, p.baseline, p.concurrency))
-        if dp is None or db is None:
-            continue
-        dr = p.speedup * math.hypot(dp / p.profile_tok_s, db / p.baseline_tok_s)
-        bands.append((p.host, p.profile, p.concurrency, p.speedup - dr, p.speedup + dr))
-    return bands
-
-
-def cdf_levels_for(levels: pd.DataFrame, crossovers: list, requested: list | None = None) -> dict:
-    """{host: [C, ...]}: the levels whose TTFT and ITL distributions are drawn.
-
-    Default: the host's lowest and highest measured level and the bracket of every crossover
-    on it. `requested` (bench_report's cdf_levels) replaces them as given, measured or not (a
-    level not measured shows as such in its panel)."""
-    out = {}
-    for host, host_rows in levels.groupby("host", sort=True):
-        measured = sorted(int(c) for c in set(host_rows["concurrency"]))
-        if requested:
-            chosen = {int(c) for c in requested}
-        else:
-            chosen = {measured[0], measured[-1]}
-            for cross in crossovers:
-                if cross.host == host and cross.status == "crossed" and cross.bracket:
-                    chosen.update(int(c) for c in cross.bracket)
-        out[str(host)] = sorted(chosen)
-    return out
-
-
-def ecdf(values: list, weights: list | None = None, max_points: int = 2000) -> tuple:
-    """(x, y) of the empirical CDF: x ascending, y the fraction of the (weighted) samples at or
-    below x, ending at 1. Long samples are thinned to about max_points steps for drawing (the
-    smallest and largest values always kept)."""
-    if not values:
-        return [], []
-    pairs = sorted(zip(values, weights or [1.0] * len(values), strict=True))
-    total = sum(w for _v, w in pairs)
-    xs, ys, acc = [], [], 0.0
-    for v, w in pairs:
-        acc += w
-        if xs and xs[-1] == v:
-            ys[-1] = acc / total
-        else:
-            xs.append(float(v))
-            ys.append(acc / total)
-    if len(xs) > max_points:
-        step = (len(xs) - 1) / (max_points - 1)
-        keep = sorted({round(i * step) for i in range(max_points)})
-        xs, ys = [xs[i] for i in keep], [ys[i] for i in keep]
-    return xs, ys
-
-
-def time_scale_factors(records: list, measured: set) -> dict:
-    """{profile: time_scale} of the measured profiles that ran time-scaled (factor not 1)."""
-    out = {}
-    for r in records:
-        if r.time_scale is None or r.time_scale == 1:
-            continue
-        if (r.profile, r.host) in measured or (
-                r.host == "*" and any(p == r.profile for p, _host in measured)):
-            out[r.profile] = r.time_scale
-    return out
-
-
-def time_scale_badge(records: list, measured: set) -> str | None:
-    """The badge every plot of a time-scaled run carries; None for a real-time run.
-
-    The simulator divides every model duration by time_scale (module_utils/simulator/), so a
-    real engine as fast as the calibrated model would give tok/s / k and latencies x k. Only
-    the model's time is scaled: the HTTP and client overheads in the latencies are real, so
-    the real-time equivalent of a short latency is an upper estimate."""
-    factors = time_scale_factors(records, measured)
-    if not factors:
-        return None
-    values = sorted(set(factors.values()))
-    if len(values) == 1:
-        k = f"{values[0]:g}"
-        return (f"time-scaled simulator x{k} | real-time equivalent \u2248 tok/s \u00f7 {k}, "
-                f"latencies \u00d7 {k} (speedup ratios and crossover C unchanged)")
-    each = ", ".join(f"{p} x{s:g}" for p, s in sorted(factors.items()))
-    return (f"time-scaled simulator ({each}) | real-time equivalent \u2248 tok/s \u00f7 each "
-            "profile's factor, latencies \u00d7 it")

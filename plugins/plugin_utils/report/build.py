@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import compare
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import figures as figure_data
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import distributions
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import fleet
@@ -198,7 +200,7 @@ def build_report(
         earlier, _unused = load_levels(compare_to, max_error_rate)
         earlier, _unused = split_load_modes(earlier)
         earlier = repeats.summarise(earlier)
-        comparison, comparison_note = analysis.compare_runs(levels, earlier)
+        comparison, comparison_note = compare.compare_runs(levels, earlier)
 
     content = ReportContent(
         run_id=run.run_id,
@@ -228,8 +230,8 @@ def build_report(
     content.sections += fleet.fleet_sections(fleet_view)
 
     if with_plots:
-        badge = analysis.time_scale_badge(context.records, measured)
-        chosen = analysis.cdf_levels_for(levels, crossovers, cdf_levels)
+        badge = figure_data.time_scale_badge(context.records, measured)
+        chosen = figure_data.cdf_levels_for(levels, crossovers, cdf_levels)
         samples, more = distributions.read_samples(
             run.records.request_files if run.records is not None else [],
             distributions.wanted_levels(levels, chosen))
@@ -245,7 +247,7 @@ def build_report(
             if compare_to
             else None,
             "pareto.png": plots.plot_pareto(levels, baseline,
-                                            analysis.gpu_counts(run.manifest), badge),
+                                            figure_data.gpu_counts(run.manifest), badge),
             "ttft_cdf.png": plots.plot_cdf(series, "ttft", chosen, baseline, badge),
             "itl_cdf.png": plots.plot_cdf(series, "itl", chosen, baseline, badge),
             "rate.png": plots.plot_rate(run.rate_levels, baseline, badge),

@@ -25,8 +25,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
     part_stem,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
-    ecdf, exclusion_reason, finite_number as _number,
+    exclusion_reason, finite_number as _number,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.figures import ecdf
 
 ITL_TOKEN, ITL_CHUNK, ITL_TPOT = "token", "chunk", "tpot"
 NS_PER_MS = 1_000_000
@@ -148,7 +149,7 @@ def cdf_series(levels, chosen: dict, samples: dict, max_points: int = 2000) -> l
     """CdfSeries for TTFT and ITL of every measured (host, profile) at the chosen levels.
 
     levels: the level frame (its `usable` and verdict mark excluded levels, which are kept and
-    marked, not dropped: the plot draws them dotted); chosen: analysis.cdf_levels_for();
+    marked, not dropped: the plot draws them dotted); chosen: figures.cdf_levels_for();
     samples: read_samples()."""
     out = []
     for _key, row in levels.sort_values(["host", "profile", "concurrency"]).iterrows():

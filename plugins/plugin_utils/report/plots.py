@@ -28,10 +28,9 @@ except ImportError:  # pragma: no cover
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import FIELD  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (  # noqa: E402
     exclusion_reason,
-    pareto_points,
     profiles_in,
-    speedup_bands,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.figures import pareto_points, speedup_bands  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.intervals import clipped_yerr  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.distributions import (  # noqa: E402
     ITL_CHUNK,
@@ -72,7 +71,7 @@ def _hosts_grid(levels: pd.DataFrame, ncols: int, height: float):
 
 
 def _badge(fig: Figure, badge: str | None) -> None:
-    """The time-scale badge (analysis.time_scale_badge) across the top of a scaled run's figure."""
+    """The time-scale badge (figures.time_scale_badge) across the top of a scaled run's figure."""
     if badge:
         # One line where the figure is wide enough (about 0.075 in a character at 9 pt), else the
         # real-time equivalent goes on a second line under the factor.
@@ -248,7 +247,7 @@ def _speedup_reason(point, reasons: dict) -> str:
 
 def plot_speedup(speedup: list, baseline: str, levels: pd.DataFrame | None = None,
                  crossovers: list = (), badge: str | None = None) -> bytes | None:
-    """Speedup per level; with `levels`, the 95% CI band of the ratio (analysis.speedup_bands:
+    """Speedup per level; with `levels`, the 95% CI band of the ratio (figures.speedup_bands:
     both levels' CI95 propagated to first order) and the excluded levels' reasons; every crossed
     crossover marked: its bracket shaded, its linear estimate a dotted line."""
     points = [p for p in speedup if p.speedup is not None]
@@ -365,7 +364,7 @@ def pareto_labels(points: list) -> tuple[str, str]:
 def plot_pareto(levels: pd.DataFrame, baseline: str, gpus: dict,
                 badge: str | None = None) -> bytes | None:
     """Output tok/s per GPU against tok/s per user, one curve per (profile, host), each point
-    labelled with its C; the Pareto frontier (analysis.pareto_points) over the usable levels."""
+    labelled with its C; the Pareto frontier (figures.pareto_points) over the usable levels."""
     points = pareto_points(levels, gpus)
     if not points:
         return None

@@ -38,8 +38,8 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
     fmt_c,
     profiles_in,
-    time_scale_badge,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.report.figures import time_scale_badge
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import RunContext, failed_records
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.interruption import (
     lines as interruption_lines,
