@@ -53,7 +53,30 @@ def multinode_rank_records(results):
     return records
 
 
+def multinode_dist_init_ports(profiles, this, groups, default_port=None):
+    """The dist-init ports `this` host binds as rank 0 of a multi-node profile (the first host of
+    its `nodes`): locked with the run (roles/bench/tasks/lock.yml extra_ports), as the preflight
+    checks them free. A profile whose nodes do not resolve is left to the preflight's message."""
+    default = default_port if default_port is not None else 50000
+    ports = []
+    for profile in profiles or []:
+        nodes = profile.get("nodes") if isinstance(profile, dict) else None
+        if not isinstance(nodes, dict) or str(profile.get("engine", "")) == "external":
+            continue
+        hosts = list(groups[nodes["group"]]) if nodes.get("group") in groups else list(nodes.get("hosts") or [])
+        if not hosts or hosts[0] != this:
+            continue
+        try:
+            port = int(str(nodes.get("port", default)).strip())
+        except ValueError:
+            continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 class FilterModule:
     def filters(self):
         return {"multinode_nodes": multinode_nodes, "multinode_steps": multinode_steps,
-                "multinode_rank_records": multinode_rank_records}
+                "multinode_rank_records": multinode_rank_records,
+                "multinode_dist_init_ports": multinode_dist_init_ports}

@@ -127,6 +127,9 @@ def test_an_external_endpoint_is_measured_and_left_alone(tmp_path):
     assert "cmdline" not in record
     host = manifest["hosts"]["localhost"]
     assert host["bench"]["engines"] == {"prod": "external"}
+    # Issue 28: nothing launched, so no launched server's engine, model or URL (not the
+    # defaults simulator / servelab-sim / ""): the endpoint is in the profile record above.
+    assert not {"engine", "model", "base_url"} & set(host["bench"]), host["bench"]
     # The GPUs of the endpoint are not this host's: none recorded.
     assert "gpu_facts" not in host
     assert "external-endpoint-key" not in (run_dir / results.MANIFEST).read_text()

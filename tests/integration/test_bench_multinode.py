@@ -19,6 +19,7 @@ import ansible_runner
 import pytest
 import yaml
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
+from ansible_collections.servelab.serving.plugins.module_utils.run import lock
 from simproc import simulator_script  # tests/ (conftest.py puts it on sys.path)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -141,3 +142,89 @@ def test_ranks_start_in_order_serve_from_rank_0_and_stop_together(tmp_path):
         for pid in pids.values():
             if lifetime.is_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26: every port the ranks bind is checked free before anything starts.
+
+
+def _pair_vars():
+    port, dist = _free_port(), _free_port()
+    profile = {"name": "pair", "engine": "command", "nodes": {"group": "pair", "nnodes": 2},
+               "command": ["{python}", FAKE_RANK, "--host", "{host}", "--port", "{port}",
+                           "--node-rank", "{node_rank}", "--nnodes", "{nnodes}",
+                           "--dist-init-addr", "{dist_init_addr}", "--simulator", simulator_script(),
+                           "--profile", "baseline", "--model-name", "{model}"]}
+    extravars = {"bench_profiles": [profile], "bench_concurrency": [1], "bench_level_seconds": 1,
+                 "bench_server_port": port, "bench_dist_init_port": dist, "bench_reap": False,
+                 "bench_gpu_telemetry": False}
+    return extravars
+
+
+def _run_pair(tmp_path, extravars):
+    env = {"PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
+           "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
+           "SERVELAB_RESULTS_ROOT": str(tmp_path / "results")}
+    (tmp_path / "runner").mkdir()
+    return ansible_runner.run(private_data_dir=str(tmp_path / "runner"), project_dir=REPO,
+                              playbook=os.path.join(REPO, "bench.yml"), inventory=_inventory(tmp_path),
+                              extravars=extravars, envvars=env, quiet=True, timeout=600)
+
+
+def _refused_run(tmp_path, held_address, which):
+    """bench.yml with the pair profile while a socket of this test listens on `held_address`
+    (which: the port extravar to listen on): returns (runner, extravars)."""
+    extravars = _pair_vars()
+    with socket.socket() as held:
+        held.bind((held_address, extravars[which]))
+        held.listen()
+        r = _run_pair(tmp_path, extravars)
+    return r, extravars
+
+
+def _assert_refused_before_anything_started(tmp_path, r, variable, port, host):
+    out = r.stdout.read()
+    assert r.rc != 0, out[-3000:]
+    assert "%s: port %d on this host, needed for" % (variable, port) in out, out[-3000:]
+    # named: the process holding it, and the host it is held on
+    assert "pid %d (" % os.getpid() in out and "bench preflight on %s:" % host in out, out[-3000:]
+    started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
+    assert not [t for t in started if t and t.startswith(("Start the ranks", "Lock the run"))]
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_a_held_port_on_a_rank_outside_gpu_servers_is_refused_before_anything_starts(tmp_path):
+    # node-b (rank 1, not a GPU server) binds bench_server_port on 127.0.0.2.
+    r, extravars = _refused_run(tmp_path, "127.0.0.2", "bench_server_port")
+    _assert_refused_before_anything_started(tmp_path, r, "bench_server_port",
+                                            extravars["bench_server_port"], "node-b")
+
+
+def test_a_held_dist_init_port_on_rank_0_is_refused_before_anything_starts(tmp_path):
+    r, extravars = _refused_run(tmp_path, "127.0.0.1", "bench_dist_init_port")
+    _assert_refused_before_anything_started(tmp_path, r, "bench_dist_init_port",
+                                            extravars["bench_dist_init_port"], "node-a")
+
+
+def test_a_second_run_on_rank_0s_dist_init_port_is_refused_by_the_run_lock(tmp_path):
+    """The dist-init port is locked with rank 0's run (lock.yml extra_ports): a run that holds
+    it (here this test, a live controller) refuses a second one at its lock, before any rank."""
+    extravars = _pair_vars()
+    first = lock.acquire(lock.default_lock_dir(), lock.task_resources(
+        {"state_dir": None, "port": extravars["bench_dist_init_port"], "extra_ports": []},
+        lock.default_lock_dir()), "first-run", lock.Controller.of_pid(os.getpid()))
+    assert first.written
+    try:
+        r = _run_pair(tmp_path, extravars)
+    finally:
+        for record in first.written:
+            os.remove(record.path)
+    out = r.stdout.read()
+    assert r.rc != 0, out[-3000:]
+    failed = {e["event_data"].get("task"): e["event_data"]["res"].get("msg", "")
+              for e in r.events if e.get("event") == "runner_on_failed"}
+    msg = failed.get("Hold the server state directory and port for this run", "")
+    assert "port %d on node-a is in use by run first-run" % extravars["bench_dist_init_port"] in msg, (
+        failed, out[-3000:])
+    started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
+    assert not [t for t in started if t and t.startswith("Start the ranks")]

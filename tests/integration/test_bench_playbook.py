@@ -215,4 +215,7 @@ def test_rate_mode_measures_one_open_loop_level_per_request_rate(tmp_path):
     settings = json.loads((run_dir / results.MANIFEST).read_text())["hosts"]["localhost"]["bench"]
     assert settings["load_mode"] == "rate" and settings["request_rate"] == rates
     assert settings["arrival"] == "constant" and settings["processes"] == 1
+    # A launched run records its server's settings (an all-external one does not:
+    # test_bench_external.py).
+    assert settings["engine"] == "simulator" and settings["model"] and "base_url" in settings
     assert (run_dir / "plots" / "rate.png").is_file() and (run_dir / "report.html").is_file()

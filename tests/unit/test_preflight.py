@@ -478,6 +478,28 @@ def test_workload_shape_and_jsonl_left_for_the_bench_client():
         (["gpu1", "gpu2"], "/p.jsonl")]
 
 
+def test_every_workload_that_reads_client_files_is_left_for_the_bench_client():
+    """Issue 28: not only jsonl - a sharegpt file, an hf dataset, a tokenizer path - is read on the
+    bench client before anything starts; a workload that reads no file is not sent there."""
+    sent = {
+        "sharegpt": {"kind": "sharegpt", "path": "/s.json"},
+        "hf": {"kind": "hf", "path": "/ds"},
+        "tokenizer": {"kind": "synthetic", "input_tokens": 8, "output_tokens": 8,
+                      "tokenizer": "/tok"},
+    }
+    for name, workload in sent.items():
+        report = run(host("gpu1", bench_client="client1", bench_workload=workload),
+                     inventory=("gpu1", "client1"))
+        assert report.ok, (name, texts(report))
+        [check] = [c.as_dict() for c in report.target_checks if c.host == "client1"]
+        assert [(w["variable"], w["hosts"], w["workload"]["kind"]) for w in check["workloads"]] \
+            == [("bench_workload", ["gpu1"], workload["kind"])], name
+    report = run(host("gpu1", bench_client="client1",
+                      bench_workload={"kind": "synthetic", "input_tokens": 8, "output_tokens": 8}),
+                 inventory=("gpu1", "client1"))
+    assert not any(c.as_dict()["workloads"] for c in report.target_checks), texts(report)
+
+
 def test_a_bench_client_outside_the_inventory():
     msg = only(run(host(bench_client="clinet1"), inventory=("gpu1", "client1")), "bench_client")
     assert "not a host of the inventory" in msg
@@ -594,6 +616,20 @@ def test_jsonl_missing_malformed_empty_and_good(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"prompt": "hello"}) + "\n")
     assert check(good) == []
+
+
+def test_a_missing_sharegpt_file_or_tokenizer_is_named_on_the_client(tmp_path):
+    def check(workload):
+        return target.check_workload({"variable": "bench_workload", "hosts": ["gpu1"],
+                                      "workload": workload})
+
+    [missing] = check({"kind": "sharegpt", "path": str(tmp_path / "nope.json")})
+    assert missing.message.startswith("bench_workload.path"), missing.message
+    assert "nope.json" in missing.message and missing.hosts == ("gpu1",)
+    [tok] = check({"kind": "synthetic", "input_tokens": 8, "output_tokens": 8,
+                   "tokenizer": str(tmp_path / "no-tokenizer")})
+    assert tok.message.startswith("bench_workload.tokenizer"), tok.message
+    assert "no such file or directory on the bench client" in tok.message
 
 
 def server_item(python, **profile):

@@ -95,5 +95,32 @@ def test_a_multi_node_profiles_other_ranks_have_the_port_checked_on_their_hosts(
     ports = {c.host: [(p["port"], p["needed_for"]) for p in c.ports]
              for c in report.target_checks}
     port = nodes_host().values["bench_server_port"]
-    assert ports["gpu1"] == [(port, "the server")]
+    assert ports["gpu1"] == [(50000, "the dist-init store of multi-node profile big (rank 0)"),
+                             (port, "the server")]
     assert ports["gpu2"] == [(port, "rank 1 of multi-node profile big (nodes)")]
+
+
+def test_rank_0s_dist_init_port_is_checked_on_rank_0_and_locked_with_the_run():
+    """Issue 26: rank 0 binds the dist-init port (bench_dist_init_port, or the profile's
+    nodes.port): checked free on rank 0's host, and in rank 0's extra_ports (lock.yml)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_preflight import nodes_host, run  # pylint: disable=import-outside-toplevel
+    from ansible_collections.servelab.serving.plugins.filter.multinode import (  # pylint: disable=import-outside-toplevel
+        multinode_dist_init_ports,
+    )
+    report = run(nodes_host(bench_dist_init_port=51000))
+    [dist] = [p for c in report.target_checks for p in c.ports if p["port"] == 51000]
+    assert dist["variable"] == "bench_dist_init_port" and dist["hosts"] == ["gpu1"]
+    report = run(nodes_host(nodes={"group": "pair", "port": 52000}))
+    [dist] = [p for c in report.target_checks for p in c.ports if p["port"] == 52000]
+    assert dist["variable"] == "bench_profiles[0] (big).nodes.port", dist
+    # rank 1's host does not check rank 0's store
+    report = run(nodes_host("gpu2"))
+    assert not [p for c in report.target_checks for p in c.ports if p["port"] == 50000]
+
+    groups = {"pair": ["gpu1", "gpu2"]}
+    profiles = [{"name": "big", "nodes": {"group": "pair"}},
+                {"name": "other", "nodes": {"hosts": ["gpu1", "gpu2"], "port": 50100}},
+                {"name": "one"}]
+    assert multinode_dist_init_ports(profiles, "gpu1", groups, 50000) == [50000, 50100]
+    assert multinode_dist_init_ports(profiles, "gpu2", groups, 50000) == []

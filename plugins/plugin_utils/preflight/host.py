@@ -26,6 +26,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options i
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import (
     WorkloadError,
     check_spec,
+    reads_client_files,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.preflight.derived import (
     check_derived,
@@ -155,8 +156,9 @@ def _check_workload(inp: HostInput, add, targets: Dict[str, TargetCheck]) -> Opt
         add("bench_workload", "bench_" + text if text.startswith("workload")
             else "bench_workload: " + text)
         return None
-    if spec["kind"] == "jsonl":
-        # The file is on the bench client: read and parsed there, by llm_bench's own loader.
+    if reads_client_files(spec):
+        # A data file (jsonl, sharegpt, hf, multi_turn, trace) or a tokenizer is on the bench
+        # client: read and parsed there, by llm_bench's own loader, before anything starts.
         client = str(inp.values.get("bench_client") or "localhost")
         check = targets.setdefault(client, TargetCheck(client))
         for item in check.workloads:

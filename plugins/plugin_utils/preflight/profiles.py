@@ -186,15 +186,28 @@ def _check_profiles(inp: HostInput, spec: Mapping[str, VariableSpec], add,
                             "env": {str(k): str(val) for k, val in env.items()
                                     if val is not None},
                             "state_dir": state_dir}})
-        _rank_ports(inp, name, profile.get("nodes"), port, state_dir, where, targets)
+        _rank_ports(inp, name, profile.get("nodes"), port, state_dir, where, targets,
+                    dist_init_variable=("%s.nodes.port" % label if "port" in (raw.get("nodes") or {})
+                                        else "bench_dist_init_port"))
     return len(seen), first_model, (None if launches else external_url)
 
 
 def _rank_ports(inp: HostInput, name: str, nodes: Any, port: Optional[int], state_dir: str,
-                where: str, targets: Dict[str, TargetCheck]) -> None:
+                where: str, targets: Dict[str, TargetCheck],
+                dist_init_variable: str = "bench_dist_init_port") -> None:
     """A multi-node profile's other ranks bind this host's bench_server_port on their own hosts
-    (roles/bench/tasks/multinode_start.yml): checked free there, as this host's is here."""
-    if not isinstance(nodes, Mapping) or port is None:
+    (roles/bench/tasks/multinode_start.yml): checked free there, as this host's is here. Rank 0
+    also binds the dist-init port (torch.distributed's TCP store, the other ranks join it):
+    checked free on rank 0's host, by the host that drives the profile (rank 0 itself)."""
+    if not isinstance(nodes, Mapping):
+        return
+    hosts = list(nodes.get("hosts") or ())
+    if hosts and hosts[0] == inp.host and nodes.get("port") is not None:
+        targets.setdefault(inp.host, TargetCheck(inp.host)).ports.append({
+            "variable": dist_init_variable, "port": int(nodes["port"]), "hosts": [inp.host],
+            "where": inp.origins.get(dist_init_variable, where), "state_dir": state_dir,
+            "needed_for": "the dist-init store of multi-node profile %s (rank 0)" % name})
+    if port is None:
         return
     for rank, rank_host in enumerate(nodes.get("hosts") or ()):
         if rank_host == inp.host:
