@@ -49,7 +49,7 @@ class OpenLoop:
         if cfg.arrival == "constant":
             first += int(NS_PER_S / float(cfg.request_rate) * self.index)
         return ArrivalSchedule(float(cfg.request_rate) / self.nproc, cfg.arrival, self.rng,
-                               first)
+                               first, cfg.burstiness)
 
     def _uses_sender(self) -> bool:
         """Open loop sends from a sender process (sender.py) over plain TCP; a TLS session
