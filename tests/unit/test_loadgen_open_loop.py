@@ -106,6 +106,11 @@ def test_a_sweep_held_back_by_its_cap_warns_with_the_cause(tmp_path):
         outcome = run_levels(configs, workload)
     cause = [w for w in outcome.warnings if w.startswith("rate=20/s: in-flight cap: ")]
     assert cause and "with the cap of 1 in flight" in cause[0], outcome.warnings
+    # The level's lateness note names the cap too, not the sender's priority (issue 28).
+    late = [w for w in outcome.warnings if "send lateness p99" in w]
+    assert late and "queued behind the in-flight cap of 1" in late[0], outcome.warnings
+    assert not any("sender priority" in w or "sender at real-time" in w
+                   for w in outcome.warnings), outcome.warnings
 
 
 @pytest.mark.parametrize("arrival, burstiness, words", [
@@ -158,3 +163,26 @@ def test_a_real_open_loop_level_sends_gamma_gaps_of_the_burstiness_asked_for(tmp
     cv = statistics.pstdev(drawn) / statistics.fmean(drawn)
     assert cv == pytest.approx(1 / math.sqrt(4.0), rel=0.15), cv
     assert statistics.fmean(drawn) == pytest.approx(1 / 200.0 * 1e9, rel=0.1)
+
+
+def _row(**values):
+    from dataclasses import MISSING, fields
+
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelRow
+    row = LevelRow(**{f.name: None for f in fields(LevelRow)
+                      if f.default is MISSING and f.default_factory is MISSING})
+    for name, value in values.items():
+        setattr(row, name, value)
+    return row
+
+
+def test_the_lateness_note_says_the_cap_where_the_cap_was_the_limit_else_the_sender():
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.honesty import (
+        lateness_warning,
+    )
+    capped = lateness_warning(_row(**CAPPED), ["nice -10"])
+    assert capped == ("C=8: send lateness p99 1229.77 ms (arrivals queued behind the in-flight "
+                      "cap of 8, not sent late by the client)")
+    late = lateness_warning(_row(**dict(CAPPED, e2e_p50_ms=200.0)), ["nice -10"])
+    assert "arrival sender priority: nice -10" in late and "in-flight cap" not in late
+    assert lateness_warning(_row(**dict(CAPPED, send_lateness_p99_ms=0.5)), ["nice -10"]) is None
