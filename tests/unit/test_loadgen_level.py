@@ -199,7 +199,7 @@ def test_a_trace_needs_rate_and_multi_turn_needs_concurrency_before_anything_is_
         Prompt, Workload,
     )
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LoadgenError
-    prompts = [Prompt(messages=[{"role": "user", "content": "hi"}]) for _ in range(2)]
+    prompts = [Prompt(messages=[{"role": "user", "content": "hi"}]) for _n in range(2)]
     base = "http://127.0.0.1:1"     # nothing listens: the refusal comes first
     trace = Workload("trace", prompts, arrivals_s=[0.0, 0.1])
     with pytest.raises(LoadgenError, match="workload.kind trace: .*needs load_mode: rate"):

@@ -296,7 +296,6 @@ class _Client(OpenLoop):
         w.conn = conn
         self._send_closed(w)
 
-
     # -- tick, shutdown ---------------------------------------------------------------------
 
     def _probe_start(self):

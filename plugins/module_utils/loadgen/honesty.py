@@ -82,6 +82,7 @@ def auto_processes(concurrency: int, per_process: int = 128) -> int:
     spare = max(1, usable_cpus() - 1)
     return max(1, min(spare, math.ceil(concurrency / per_process)))
 
+
 def lateness_warning(row: LevelRow, priorities: List[str]) -> Optional[str]:
     """Open loop: the note on arrivals sent late (p99 >= LATENESS_NOTE_MS), and why: the
     in-flight cap where results/level_verdict.open_loop_flag names it as the limit, else the

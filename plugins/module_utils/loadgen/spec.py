@@ -123,4 +123,3 @@ class LevelConfig:
             if value is not None and int(value) < (0 if name == "warmup_requests" else 1):
                 bad(name, "expected a non-negative integer" if name == "warmup_requests"
                     else "expected an integer >= 1")
-
