@@ -85,10 +85,19 @@ options:
     type: list
     elements: float
   arrival:
-    description: Open loop arrivals, C(poisson) or C(constant).
+    description:
+      - Open loop arrivals, C(poisson), C(constant) (evenly spaced) or C(gamma) (gamma gaps of
+        shape I(burstiness), as vLLM's bench serve C(--burstiness)).
     type: str
-    choices: [poisson, constant]
+    choices: [poisson, constant, gamma]
     default: poisson
+  burstiness:
+    description:
+      - With I(arrival=gamma), the gamma shape of the gaps between arrivals (0.05 to 100; their
+        coefficient of variation is 1/sqrt(burstiness)). Below 1 burstier than Poisson, 1 as
+        bursty as Poisson, above 1 smoother. Any other arrival needs it at 1.
+    type: float
+    default: 1.0
   workload:
     description:
       - "C({kind: builtin}) (20 coding/agentic prompts), C({kind: synthetic, input_tokens: 512,

@@ -190,3 +190,22 @@ def test_adaptive_precision_runs_until_the_interval_is_narrow(tmp_path):
                             level_timeout=30), WORKLOAD).row
     assert row.window_complete
     assert row.output_tok_s_ci95 / row.output_tok_s * 100 <= 3.0 * 1.5
+
+
+def test_a_trace_needs_rate_and_multi_turn_needs_concurrency_before_anything_is_sent():
+    """The workload hooks (level.WORKLOAD_HOOKS) keep an order only in their own load mode: a
+    trace's arrivals are its schedule (rate), turns wait for the previous answer (concurrency)."""
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.prompts import (
+        Prompt, Workload,
+    )
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LoadgenError
+    prompts = [Prompt(messages=[{"role": "user", "content": "hi"}]) for _n in range(2)]
+    base = "http://127.0.0.1:1"     # nothing listens: the refusal comes first
+    trace = Workload("trace", prompts, arrivals_s=[0.0, 0.1])
+    with pytest.raises(LoadgenError, match="workload.kind trace: .*needs load_mode: rate"):
+        run_level(LevelConfig(base_url=base, model="m", load_mode="concurrency"), trace)
+    turns = Workload("multi_turn", prompts, conversations=[[0, 1]])
+    with pytest.raises(LoadgenError, match="workload.kind multi_turn: .*needs load_mode: "
+                                           "concurrency"):
+        run_level(LevelConfig(base_url=base, model="m", load_mode="rate", request_rate=1.0),
+                  turns)

@@ -106,3 +106,87 @@ def test_a_sweep_held_back_by_its_cap_warns_with_the_cause(tmp_path):
         outcome = run_levels(configs, workload)
     cause = [w for w in outcome.warnings if w.startswith("rate=20/s: in-flight cap: ")]
     assert cause and "with the cap of 1 in flight" in cause[0], outcome.warnings
+    # The level's lateness note names the cap too, not the sender's priority (issue 28).
+    late = [w for w in outcome.warnings if "send lateness p99" in w]
+    assert late and "queued behind the in-flight cap of 1" in late[0], outcome.warnings
+    assert not any("sender priority" in w or "sender at real-time" in w
+                   for w in outcome.warnings), outcome.warnings
+
+
+@pytest.mark.parametrize("arrival, burstiness, words", [
+    ("gamma", 0.0, "burstiness: 0 is outside 0.05..100"),
+    ("poisson", 2.0, "burstiness: 2 only shapes gamma arrivals; set arrival: gamma"),
+])
+def test_level_config_refuses_a_burstiness_it_cannot_use(arrival, burstiness, words):
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
+        BenchOptionsError, level_configs,
+    )
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import (
+        LevelConfig, LoadgenError,
+    )
+    cfg = LevelConfig(base_url="http://127.0.0.1:1", model="m", load_mode="rate",
+                      request_rate=5.0, arrival=arrival, burstiness=burstiness)
+    with pytest.raises(LoadgenError, match=words):
+        cfg.validate()
+    with pytest.raises(BenchOptionsError, match=words):      # the llm_bench option, by name
+        level_configs(dict(base_url="http://127.0.0.1:1", model="m", concurrency=[4],
+                           load_mode="rate", request_rate=[5.0], arrival=arrival,
+                           burstiness=burstiness), read_workload=False)
+    LevelConfig(base_url="http://127.0.0.1:1", model="m", load_mode="rate", request_rate=5.0,
+                arrival="gamma", burstiness=0.5).validate()
+
+
+def test_a_real_open_loop_level_sends_gamma_gaps_of_the_burstiness_asked_for(tmp_path):
+    """One client process at 200 req/s, gamma shape 4: the scheduled gaps' CV is 1/sqrt(4)."""
+    import os
+
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.config import (
+        level_configs,
+        run_levels,
+    )
+    from simproc import ServerProcess
+
+    fake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_loadgen_fakeserver.py")
+    with ServerProcess("--ttft-ms", "1", "--step-ms", "1", script=fake,
+                       truth_log=tmp_path / "truth.jsonl") as srv:
+        configs, workload = level_configs(dict(
+            base_url=srv.url + "/v1", model="m", concurrency=[64], load_mode="rate",
+            request_rate=[200.0], arrival="gamma", burstiness=4.0, processes=1,
+            workload={"kind": "builtin"}, max_tokens=2, level_seconds=2.0, level_timeout=30,
+            min_latency_samples=0, drain_timeout=0, server_metrics=False))
+        outcome = run_levels(configs, workload)
+    sent = [r for r in outcome.requests if r["t_send"]]
+    assert len(sent) >= 300, len(sent)
+    # t_send - queue_ms is the time the schedule gave: the gaps as drawn, not the send jitter.
+    scheduled = sorted(r["t_send"] - r["queue_ms"] * 1e6 for r in sent)
+    drawn = [b - a for a, b in zip(scheduled, scheduled[1:])]
+    cv = statistics.pstdev(drawn) / statistics.fmean(drawn)
+    assert cv == pytest.approx(1 / math.sqrt(4.0), rel=0.15), cv
+    assert statistics.fmean(drawn) == pytest.approx(1 / 200.0 * 1e9, rel=0.1)
+
+
+def _row(**values):
+    from dataclasses import MISSING, fields
+
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelRow
+    row = LevelRow(**{f.name: None for f in fields(LevelRow)
+                      if f.default is MISSING and f.default_factory is MISSING})
+    for name, value in values.items():
+        setattr(row, name, value)
+    return row
+
+
+def test_the_lateness_note_says_the_cap_where_the_cap_was_the_limit_else_the_sender():
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.honesty import (
+        lateness_warning,
+    )
+    capped = lateness_warning(_row(**CAPPED), ["nice -10"])
+    assert capped == ("C=8: send lateness p99 1229.77 ms (arrivals queued behind the in-flight "
+                      "cap of 8, not sent late by the client)")
+    fast = dict(CAPPED)
+    fast["e2e_p50_ms"] = 200.0          # 8 in flight allow 40 req/s: the sender was late
+    late = lateness_warning(_row(**fast), ["nice -10"])
+    assert "arrival sender priority: nice -10" in late and "in-flight cap" not in late
+    on_time = dict(CAPPED)
+    on_time["send_lateness_p99_ms"] = 0.5
+    assert lateness_warning(_row(**on_time), ["nice -10"]) is None

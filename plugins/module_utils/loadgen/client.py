@@ -33,6 +33,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.counters 
     C_COMPLETED, C_ERR_STREAK, C_ERRORS, C_OK, C_SLOTS, C_SYNCED_WE, C_TOKENS, C_WARM,
     C_WIN_DONE, C_WIN_SENT, G_SLOTS, G_STOP, G_WE, G_WS, STOP_TIMEOUT,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.generated import (
+    ConversationOrder,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
     Endpoint, RxStats, open_connection,
 )
@@ -70,7 +73,9 @@ class _Client(OpenLoop):
     """One client process: its event loop, its workers (or its share of the arrivals)."""
 
     def __init__(self, cfg: LevelConfig, index: int, nproc: int, worker_ids: List[int],
-                 wires: List[bytes], shm, spool: Optional[RecordSpool] = None):
+                 wires: List[bytes], shm, spool: Optional[RecordSpool] = None,
+                 arrivals: Optional[List[float]] = None,
+                 conversations: Optional[List[List[int]]] = None):
         self.cfg = cfg
         self.index = index
         self.nproc = nproc
@@ -101,6 +106,15 @@ class _Client(OpenLoop):
         self.order = list(range(len(wires)))
         rng.shuffle(self.order)
         self.rng = rng
+        # A trace (workload.arrivals_s): this process's share of its prompts, in time order, so
+        # the i-th arrival sends the trace's own prompt (openloop.py's TraceSchedule times it).
+        self.arrivals = arrivals
+        if arrivals:
+            self.order = list(range(index, len(wires), nproc))
+        # Closed-loop multi-turn (workload.conversations): each worker its conversations, turns
+        # in order; one index lookup per request.
+        self.turns = ({wid: ConversationOrder(conversations, wid, int(cfg.concurrency))
+                       for wid in worker_ids} if conversations else None)
         self.lag_window = array("d")     # seconds; 8 bytes a tick, not a float object
         self.lag_max = 0.0
         self.ticks = 0
@@ -129,7 +143,9 @@ class _Client(OpenLoop):
         self.seq += 1
         return RequestTiming(worker=wid, request_id=self.index + self.nproc * seq, t_send=0)
 
-    def _next_wire(self) -> bytes:
+    def _next_wire(self, wid: int = -1) -> bytes:
+        if self.turns is not None and wid >= 0:
+            return self.wires[self.turns[wid].next_index()]
         i = self.order[self.seq % len(self.order)]
         return self.wires[i]
 
@@ -209,7 +225,7 @@ class _Client(OpenLoop):
 
     def _send_closed(self, w: _Worker):
         req = self._new_request(w.wid)
-        wire = self._next_wire()
+        wire = self._next_wire(w.wid)
         self.inflight.add(w.conn)
         w.conn.send(req, wire)            # takes t_send right before the write
         self._classify(req)
@@ -417,13 +433,15 @@ def finish_records(spool: RecordSpool, cfg: LevelConfig, ws: int, we: int,
     return part, index
 
 
-def _client_main(cfg, index, nproc, worker_ids, wires, shm_map, pipe, spool_dir):
+def _client_main(cfg, index, nproc, worker_ids, wires, shm_map, pipe, spool_dir, arrivals=None,
+                 conversations=None):
     """Entry of a forked client process: run, send the result (or the error) to the parent."""
     try:
         os.dup2(2, 1)    # nothing a client process prints may reach the module's JSON on stdout
         shm = memoryview(shm_map).cast("q")
         spool = RecordSpool(os.path.join(spool_dir, "client-%d.spool" % index))
-        result = _Client(cfg, index, nproc, worker_ids, wires, shm, spool).run()
+        result = _Client(cfg, index, nproc, worker_ids, wires, shm, spool, arrivals,
+                         conversations).run()
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         result = {"error": traceback.format_exc()}
     try:

@@ -11,11 +11,15 @@ not (auto_processes).
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu import LevelCpu, usable_cpus
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelPart, LevelRow, NS_PER_S
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.sender import PRIORITY_REALTIME
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
+    IN_FLIGHT_CAP, open_loop_flag,
+)
 
 CLIENT_CPU_LIMIT = 0.90          # fraction of one core over the window
 CLIENT_LAG_LIMIT_MS = 2.0        # event-loop lag p99 over the window
@@ -80,11 +84,18 @@ def auto_processes(concurrency: int, per_process: int = 128) -> int:
 
 
 def lateness_warning(row: LevelRow, priorities: List[str]) -> Optional[str]:
-    """Open loop: the note on arrivals sent late (p99 >= LATENESS_NOTE_MS), and why."""
+    """Open loop: the note on arrivals sent late (p99 >= LATENESS_NOTE_MS), and why: the
+    in-flight cap where results/level_verdict.open_loop_flag names it as the limit, else the
+    sender (its priority, or the client's own loop under TLS)."""
     late = row.send_lateness_p99_ms
     if late is None or late < LATENESS_NOTE_MS:
         return None
-    if not priorities:
+    if open_loop_flag(asdict(row)).startswith(IN_FLIGHT_CAP):
+        # The arrivals waited for a free slot under the cap, not for the sender: its priority
+        # is beside the point (the sweep's in-flight cap warning, config.py, says what to raise).
+        why = ("arrivals queued behind the in-flight cap of %d, not sent late by the client"
+               % row.concurrency)
+    elif not priorities:
         why = "arrivals sent from the client's own loop (TLS)"
     elif priorities == [PRIORITY_REALTIME]:
         why = "arrival sender at real-time priority"

@@ -65,6 +65,10 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
     STOP_ABORTED, STOP_LEVEL_TIMEOUT, STOP_SERVER_FAILING, STOP_UNKNOWN, STOP_WINDOW_COMPLETE,
 )
 
+# What a workload may ask of the level beyond its prompts (workloads.LEVEL_HOOKS): `arrivals`,
+# each prompt sent at its own time (a trace, openloop.py); `conversations`, turns in order per
+# worker (client.py). loadgen/config.py refuses a workload whose hook is not here.
+WORKLOAD_HOOKS = ("arrivals", "conversations")
 CONTROL_S = 0.010                # controller poll interval
 CALLER_CHECK_TICKS = 50          # every 0.5 s: is Ansible still reading (loadgen/caller.py)?
 CLIENT_EXIT_S = 5.0              # a client process ends within this of its result (or is ended)
@@ -209,17 +213,26 @@ def run_level(cfg: LevelConfig, workload: Workload) -> LevelResult:
              for p in workload.prompts]
     if not wires:
         raise LoadgenError("workload: no prompts")
+    arrivals = workload.arrivals_s or None
+    if arrivals and cfg.load_mode != "rate":
+        raise LoadgenError("workload.kind trace: replays arrivals, so it needs load_mode: rate "
+                           "(concurrency then caps the requests in flight)")
+    conversations = workload.conversations or None
+    if conversations and cfg.load_mode == "rate":
+        raise LoadgenError("workload.kind multi_turn: a turn is sent when the previous answer is "
+                           "in, so it needs load_mode: concurrency")
     spool_dir = spool_directory()
     try:
-        return _measure(cfg, endpoint, wires, spool_dir)
+        return _measure(cfg, endpoint, wires, spool_dir, arrivals, conversations)
     except BaseException:
         # A level that failed or was interrupted leaves no records behind.
         shutil.rmtree(spool_dir, ignore_errors=True)
         raise
 
 
-def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes],
-             spool_dir: str) -> LevelResult:
+def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes], spool_dir: str,
+             arrivals: Optional[List[float]] = None,
+             conversations: Optional[List[List[int]]] = None) -> LevelResult:
     """run_level's level, its records spooled under `spool_dir` (the caller's to remove)."""
     c = int(cfg.concurrency)
     nproc = max(1, min(int(cfg.processes) or auto_processes(c), c))
@@ -240,7 +253,7 @@ def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes],
             parent_end, child_end = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_client_main, name="servelab-loadgen-%d" % i,
                             args=(cfg, i, nproc, worker_sets[i], wires, shm_map, child_end,
-                                  spool_dir),
+                                  spool_dir, arrivals, conversations),
                             daemon=True)
             p.start()
             child_end.close()

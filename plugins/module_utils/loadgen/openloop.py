@@ -24,9 +24,11 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.sender im
     BACK, FAILED, PRIORITY, SENT, ArrivalSchedule, Outbox, Sender, receive_message,
     sender_process,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.trace import TraceSchedule
 from ansible_collections.servelab.serving.plugins.module_utils.proc.terminate import end_children
 
 ARRIVAL_SPIN_S = 0.00105         # open loop in the loop (TLS): the last stretch is polled
+TRACE_LEAD_NS = 500_000_000      # a trace's first arrival, after the level's start (G_T0)
 SENDER_EXIT_S = 2.0              # open loop: the sender process ends within this of the stop
 _TIMES_AT = 1                    # sender messages: the kind byte, then (t_sched, t_send)
 _SENDER_TIMES = struct.Struct("qq")
@@ -40,10 +42,14 @@ class OpenLoop:
         evenly, Poisson streams each from the level's start."""
         cfg = self.cfg
         first = self.shm[G_T0]
+        if self.arrivals:
+            # G_T0 is taken before the fork: the trace starts a lead later, once every client
+            # process is up, so its first arrivals are not sent late together.
+            return TraceSchedule(self.arrivals, first + TRACE_LEAD_NS, self.index, self.nproc)
         if cfg.arrival == "constant":
             first += int(NS_PER_S / float(cfg.request_rate) * self.index)
         return ArrivalSchedule(float(cfg.request_rate) / self.nproc, cfg.arrival, self.rng,
-                               first)
+                               first, cfg.burstiness)
 
     def _uses_sender(self) -> bool:
         """Open loop sends from a sender process (sender.py) over plain TCP; a TLS session

@@ -36,6 +36,7 @@ ARGUMENT_SPEC = dict(
     load_mode=dict(type="str", default=_default("load_mode"), choices=list(LOAD_MODES)),
     request_rate=dict(type="list", elements="float"),
     arrival=dict(type="str", default=_default("arrival"), choices=list(ARRIVALS)),
+    burstiness=dict(type="float", default=_default("burstiness")),
     workload=dict(type="dict", default={"kind": "builtin"}),
     # no_log=False: a name ending in "tokens" looks secret to Ansible's heuristics; it is a count.
     max_tokens=dict(type="int", default=_default("max_tokens"), no_log=False),

@@ -13,9 +13,12 @@ from typing import Dict, Optional
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
     APIS, RX_KERNEL, RX_MODES, Endpoint,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.sender import (
+    ARRIVAL_CONSTANT, ARRIVAL_GAMMA, ARRIVAL_POISSON, check_burstiness,
+)
 
 LOAD_MODES = ("concurrency", "rate")
-ARRIVALS = ("poisson", "constant")
+ARRIVALS = (ARRIVAL_POISSON, ARRIVAL_CONSTANT, ARRIVAL_GAMMA)
 
 
 class LoadgenError(Exception):
@@ -31,6 +34,7 @@ class LevelConfig:
     load_mode: str = "concurrency"
     request_rate: Optional[float] = None
     arrival: str = "poisson"
+    burstiness: float = 1.0         # gamma arrivals: the gaps' shape (CV 1/sqrt(burstiness))
     max_tokens: int = 256
     ignore_eos: bool = False
     level_seconds: float = 30.0
@@ -85,6 +89,9 @@ class LevelConfig:
                 bad("request_rate", "load_mode rate needs a request rate > 0 (requests/s)")
             if self.arrival not in ARRIVALS:
                 bad("arrival", "expected one of %s" % ", ".join(ARRIVALS))
+            problem = check_burstiness(self.arrival, self.burstiness)
+            if problem:     # already "burstiness: ..." (sender.py), the fix included
+                raise LoadgenError(problem)
         if self.max_tokens < 1:
             bad("max_tokens", "expected an integer >= 1")
         if self.level_seconds <= 0:

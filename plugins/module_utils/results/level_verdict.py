@@ -193,6 +193,9 @@ def _pressure_flags(row: Mapping) -> List[str]:
 RATE_SHORTFALL = 0.95
 
 
+IN_FLIGHT_CAP = "in-flight cap: "     # open_loop_flag's words when the cap was the limit
+
+
 def open_loop_flag(row: Mapping) -> str:
     """Why an open-loop level sent fewer requests than asked, '' when it did not fall short.
 
@@ -209,7 +212,7 @@ def open_loop_flag(row: Mapping) -> str:
     shortfall = "%.2f of %g req/s achieved" % (got, asked)
     allows = cap / (e2e_ms / 1000.0) if cap and e2e_ms else None
     if allows is not None and allows < asked:
-        return ("in-flight cap: %s with the cap of %d in flight (at e2e p50 %.2f s it allows "
+        return (IN_FLIGHT_CAP + "%s with the cap of %d in flight (at e2e p50 %.2f s it allows "
                 "about %.2f req/s; arrivals queued behind it, hence the send lateness): raise "
                 "the cap (concurrency; bench_concurrency in rate mode) or lower the rate"
                 % (shortfall, int(cap or 0), float(e2e_ms or 0) / 1000.0, float(allows)))
