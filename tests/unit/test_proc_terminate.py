@@ -448,7 +448,7 @@ def test_the_load_generator_stops_its_client_processes_through_terminate(monkeyp
     )
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
 
-    def stuck_client(cfg, index, nproc, worker_ids, wires, shm_map, pipe, spool_dir):
+    def stuck_client(cfg, index, nproc, worker_ids, wires, shm_map, pipe, spool_dir, *hooks):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         pipe.send({"error": "stuck client %d" % os.getpid()})
         pipe.close()
