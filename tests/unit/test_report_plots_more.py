@@ -272,7 +272,7 @@ def test_badge_names_each_factor_when_they_differ():
 
 def test_no_badge_for_real_engines_or_an_unmeasured_scaled_profile():
     assert figures.time_scale_badge([record("baseline", None, engine="sglang")],
-                                     {("baseline", "h")}) is None
+                                    {("baseline", "h")}) is None
     assert figures.time_scale_badge([record("baseline", 1.0)], {("baseline", "h")}) is None
     assert figures.time_scale_badge([record("other", 20.0)], {("baseline", "h")}) is None
     assert figures.time_scale_badge([], set()) is None

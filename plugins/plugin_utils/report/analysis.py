@@ -533,5 +533,3 @@ def exclusion_reason(row) -> str:
     if bool(row.get("usable", True)):
         return ""
     return EXCLUSION_WORDS.get(str(row.get("verdict") or ""), "excluded")
-
-
