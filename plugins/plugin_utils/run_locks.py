@@ -31,12 +31,20 @@ def this_controller(owner_pid: Optional[int] = None) -> Controller:
     return Controller.of_pid(owner_pid or controller_pid())
 
 
-def describe_resource(resource: str, host: str) -> str:
+def describe_resource(resource: str, host: str, server_port: Optional[int] = None) -> str:
+    """What a lock resource is, in the operator's words. A port other than the run's
+    `server_port` is one of the extra ports roles/bench/tasks/lock.yml holds with it: the
+    router's halves (the server port + 1 and + 2) or a multi-node rank 0's dist-init port."""
     kind, _sep, value = resource.partition(":")
     if kind == "state_dir":
         return "the server state directory %s on %s" % (value, host)
     if kind == "port":
-        return "server port %s on %s" % (value, host)
+        if server_port is None or int(value) == int(server_port):
+            return "server port %s on %s" % (value, host)
+        if int(value) - int(server_port) in (1, 2):
+            return ("port %s on %s (a router half: bench_server_port %s + %d)"
+                    % (value, host, server_port, int(value) - int(server_port)))
+        return "port %s on %s (the multi-node dist-init port, bench_dist_init_port)" % (value, host)
     if kind == "run":
         return "run id %s" % value
     return "%s on %s" % (resource, host)
@@ -50,20 +58,30 @@ class Decision:
     refusals: List[str] = field(default_factory=list)      # non-empty: the run must not start
 
 
+def _fix_variables(what: List[str]) -> str:
+    """The variables that move this run off the resources described in `what`."""
+    names = ["bench_state_dir", "bench_server_port"]
+    if any("bench_dist_init_port" in w for w in what):
+        names.append("bench_dist_init_port")
+    return _joined(names)
+
+
 def _joined(items: List[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def judge(conflicts: Iterable[tuple], me: Controller, break_lock: bool, host: str) -> Decision:
+def judge(conflicts: Iterable[tuple], me: Controller, break_lock: bool, host: str,
+          server_port: Optional[int] = None) -> Decision:
     """conflicts: (resource, holder record). A live holder on this controller is never taken
     over; a stale one always is (with a warning); a foreign one only with break_lock. One
-    refusal per holding run, naming everything it holds here."""
+    refusal per holding run, naming everything it holds here (`server_port`: this run's, to
+    tell it from the extra ports)."""
     decision = Decision()
     live: dict = {}
     foreign: dict = {}
     siblings: dict = {}
     for resource, holder in conflicts:
-        what = describe_resource(resource, host)
+        what = describe_resource(resource, host, server_port)
         state = holder_state(holder.controller, me)
         if holder.controller.same_process(me):
             # This very run took it for another of its hosts: two inventory hosts on one machine.
@@ -86,8 +104,9 @@ def judge(conflicts: Iterable[tuple], me: Controller, break_lock: bool, host: st
         decision.refusals.append(
             "%s %s in use by %s. One run at a time per state directory and port: wait for that "
             "run to end, or stop it (Ctrl-C, or kill %d: it stops its servers and writes its "
-            "report), or give this run another bench_state_dir and bench_server_port"
-            % (_joined(what), "is" if len(what) == 1 else "are", name, holder.controller.pid))
+            "report), or give this run another %s"
+            % (_joined(what), "is" if len(what) == 1 else "are", name, holder.controller.pid,
+               _fix_variables(what)))
     for other, what in siblings.items():
         decision.refusals.append(
             "%s %s also used by %s in this same run: the two share one machine. Give each GPU "
@@ -200,13 +219,14 @@ def bench_lock_task(call: Callable[..., dict], args: dict, me: Controller, host:
         res = call(state="acquired", controller=controller)
         if res.get("conflicts"):
             decision = judge(((c["resource"], _record(c["holder"], c["path"]))
-                              for c in res["conflicts"]), me, args["break_lock"], host)
+                              for c in res["conflicts"]), me, args["break_lock"], host,
+                             args.get("port"))
             if decision.refusals:
                 raise LockRefused("bench_lock: run %s refused: %s" % (
                     run_id, "; ".join(decision.refusals)), dict(conflicts=res["conflicts"]))
             res = call(state="acquired", controller=controller, take_over=decision.take_over)
             if res.get("conflicts"):
-                holders = ["%s by %s" % (describe_resource(c["resource"], host),
+                holders = ["%s by %s" % (describe_resource(c["resource"], host, args.get("port")),
                                          _record(c["holder"], c["path"]).describe())
                            for c in res["conflicts"]]
                 raise LockRefused("bench_lock: run %s refused: taken meanwhile: %s"
@@ -237,7 +257,7 @@ def bench_lock_task(call: Callable[..., dict], args: dict, me: Controller, host:
                 raise LockRefused(
                     "bench_lock: run %s no longer holds %s: it is held by %s. This run stops "
                     "here without touching that state directory or port again"
-                    % (run_id, describe_resource(resource, host), by))
+                    % (run_id, describe_resource(resource, host, args.get("port")), by))
     if state == "released":
         pairs = [{"path": r.path, "token": r.token} for r in mine]
         rel = call(state="released", release=pairs)

@@ -224,7 +224,9 @@ def test_a_second_run_on_rank_0s_dist_init_port_is_refused_by_the_run_lock(tmp_p
     failed = {e["event_data"].get("task"): e["event_data"]["res"].get("msg", "")
               for e in r.events if e.get("event") == "runner_on_failed"}
     msg = failed.get("Hold the server state directory and port for this run", "")
-    assert "port %d on node-a is in use by run first-run" % extravars["bench_dist_init_port"] in msg, (
-        failed, out[-3000:])
+    assert ("port %d on node-a (the multi-node dist-init port, bench_dist_init_port) is in use by run "
+            "first-run" % extravars["bench_dist_init_port"]) in msg, (failed, out[-3000:])
+    assert "server port %d" % extravars["bench_dist_init_port"] not in msg
+    assert "bench_dist_init_port" in msg.rsplit("give this run another", 1)[-1]
     started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
     assert not [t for t in started if t and t.startswith("Start the ranks")]

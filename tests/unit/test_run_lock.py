@@ -348,3 +348,24 @@ def test_the_task_takes_refuses_checks_takes_over_and_releases(tmp_path, sleeper
     released = _task(tmp_path, "run-1", mine, state="released", state_dir=None, port=None)
     assert len(released["released"]) == 2 and not released["held"]
     assert not os.listdir(str(tmp_path / "servers"))
+
+
+def test_a_refusal_names_an_extra_port_by_what_binds_it_and_the_variable_that_moves_it(sleeper):
+    # The router's halves are bench_server_port + 1 and + 2; any other extra port is rank 0's
+    # dist-init port: its refusal must not call it a server port, and names bench_dist_init_port.
+    me = controller_of(os.getpid())
+    live = controller_of(sleeper().pid)
+    half = lock.new_record("run-live", "port:31005", live)
+    dist = lock.new_record("run-live", "port:50000", live)
+    decision = run_locks.judge([(r.resource, r) for r in (half, dist)], me, False, "gpu1",
+                               server_port=31004)
+    assert len(decision.refusals) == 1
+    refusal = decision.refusals[0]
+    assert "port 31005 on gpu1 (a router half: bench_server_port 31004 + 1)" in refusal
+    assert "port 50000 on gpu1 (the multi-node dist-init port, bench_dist_init_port)" in refusal
+    assert "server port 50000" not in refusal and "server port 31005" not in refusal
+    assert refusal.endswith("bench_state_dir, bench_server_port and bench_dist_init_port")
+    # The run's own server port is still called so.
+    same = run_locks.judge([("port:31004", half)], me, False, "gpu1", server_port=31004)
+    assert "server port 31004 on gpu1" in same.refusals[0]
+    assert same.refusals[0].endswith("bench_state_dir and bench_server_port")
