@@ -37,7 +37,7 @@ class ActionModule(ActionBase):
         # The inventory host the locks are for: one run holds locks for each of its GPU servers,
         # and two of them may share a machine (their records must stay apart).
         host = str(self._task.delegate_to or task_vars.get("inventory_hostname") or "the host")
-        base = {k: args[k] for k in ("run_id", "state_dir", "port", "extra_ports", "lock_dir")
+        base = {k: args[k] for k in ("run_id", "state_dir", "port", "extra_ports", "share_run", "lock_dir")
                 if args.get(k) is not None}
         base["inventory_host"] = host
 

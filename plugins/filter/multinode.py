@@ -60,12 +60,10 @@ def multinode_dist_init_ports(profiles, this, groups, default_port=None):
     default = default_port if default_port is not None else 50000
     ports = []
     for profile in profiles or []:
-        nodes = profile.get("nodes") if isinstance(profile, dict) else None
-        if not isinstance(nodes, dict) or str(profile.get("engine", "")) == "external":
-            continue
-        hosts = list(groups[nodes["group"]]) if nodes.get("group") in groups else list(nodes.get("hosts") or [])
+        hosts = _profile_hosts(profile, groups)
         if not hosts or hosts[0] != this:
             continue
+        nodes = profile["nodes"]
         try:
             port = int(str(nodes.get("port", default)).strip())
         except ValueError:
@@ -75,8 +73,55 @@ def multinode_dist_init_ports(profiles, this, groups, default_port=None):
     return ports
 
 
+def _profile_hosts(profile, groups):
+    """A multi-node profile's hosts in rank order ([] for any other profile)."""
+    nodes = profile.get("nodes") if isinstance(profile, dict) else None
+    if not isinstance(nodes, dict) or str(profile.get("engine", "")) == "external":
+        return []
+    if nodes.get("group") in groups:
+        return list(groups[nodes["group"]])
+    return list(nodes.get("hosts") or [])
+
+
+def multinode_rank_hosts(profiles, this, groups, play_hosts=None):
+    """The hosts of the other ranks (1 and up) of the multi-node profiles `this` host runs as
+    rank 0, except those in `play_hosts` (GPU servers of the play take their own locks and are
+    cleaned up as such). Their state directory and port are locked with the run from rank 0
+    (roles/bench/tasks/lock.yml), released by bench.yml and cleaned up after an interrupt."""
+    skip = set(play_hosts or ())
+    out = []
+    for profile in profiles or []:
+        hosts = _profile_hosts(profile, groups)
+        if not hosts or hosts[0] != this:
+            continue
+        out.extend(h for h in hosts[1:] if h not in skip and h not in out and h != this)
+    return out
+
+
+def multinode_fleet_rank_hosts(hosts, hostvars, groups, default_state_dir=None):
+    """multinode_rank_hosts of every host in `hosts` (each with its own bench_profiles), with
+    `hosts` themselves left out: the other hosts whose run locks bench.yml releases at its end,
+    as [{host, state_dir}], state_dir as lock.yml locked it (the rank host's bench_state_dir,
+    else its rank 0's, else `default_state_dir`). The state directory is named because two ranks
+    on one machine share one port record, which then does not lead to the rank's own."""
+    out = []
+    for host in hosts or []:
+        variables = hostvars[host] if host in hostvars else {}
+        for rank_host in multinode_rank_hosts(variables.get("bench_profiles") or [], host, groups,
+                                              hosts):
+            rank_vars = hostvars[rank_host] if rank_host in hostvars else {}
+            entry = {"host": rank_host,
+                     "state_dir": (rank_vars.get("bench_state_dir")
+                                   or variables.get("bench_state_dir") or default_state_dir)}
+            if entry not in out:
+                out.append(entry)
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {"multinode_nodes": multinode_nodes, "multinode_steps": multinode_steps,
                 "multinode_rank_records": multinode_rank_records,
-                "multinode_dist_init_ports": multinode_dist_init_ports}
+                "multinode_dist_init_ports": multinode_dist_init_ports,
+                "multinode_rank_hosts": multinode_rank_hosts,
+                "multinode_fleet_rank_hosts": multinode_fleet_rank_hosts}

@@ -58,6 +58,14 @@ options:
     type: list
     elements: int
     default: []
+  share_run:
+    description:
+      - A record of this same run (and ansible-playbook process) taken for another of its
+        inventory hosts counts as held here, not as a conflict. For the other ranks of a
+        multi-node profile (roles/bench/tasks/lock.yml). Each binds rank 0's port on its own
+        address, so two ranks on one machine meet at one port record.
+    type: bool
+    default: false
   lock_dir:
     description:
       - Machine-wide directory of the port records (sticky, world-writable; created when
@@ -191,6 +199,7 @@ ARGUMENT_SPEC = dict(
     state_dir=dict(type="path"),
     port=dict(type="int"),
     extra_ports=dict(type="list", elements="int", default=[]),
+    share_run=dict(type="bool", default=False),
     lock_dir=dict(type="path"),
     break_lock=dict(type="bool", default=False),
     owner_pid=dict(type="int"),

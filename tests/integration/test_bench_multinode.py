@@ -230,3 +230,99 @@ def test_a_second_run_on_rank_0s_dist_init_port_is_refused_by_the_run_lock(tmp_p
     assert "bench_dist_init_port" in msg.rsplit("give this run another", 1)[-1]
     started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
     assert not [t for t in started if t and t.startswith("Start the ranks")]
+
+
+def test_a_second_run_on_a_rank_hosts_state_directory_is_refused_and_a_run_releases_it(tmp_path):
+    """Every rank's state directory and port is locked with the run (lock.yml: node-b, outside
+    gpu_servers, is locked from its rank 0 in its own name): a run that holds node-b's state
+    directory (this test, a live controller) refuses a second one before any rank starts, naming
+    node-b; once it is free, the run locks it, and releases it at its end."""
+    extravars = _pair_vars()
+    # This run measures: a fast simulator and a small workload (as the first test's).
+    extravars["bench_profiles"][0]["command"] += ["--events", str(tmp_path / "rank-events.log"),
+                                                  "--time-scale", "10"]
+    extravars.update(bench_warmup_requests=1, bench_max_tokens=32, bench_workload={
+        "kind": "synthetic", "input_tokens": 64, "output_tokens": 32, "count": 8})
+    state_b = str(tmp_path / "servers-b")
+    os.makedirs(state_b)
+    first = lock.acquire(lock.default_lock_dir(), [lock.state_dir_resource(state_b)], "first-run",
+                         lock.Controller.of_pid(os.getpid()))
+    assert first.written
+    try:
+        r = _run_pair(tmp_path, extravars)
+    finally:
+        for record in first.written:
+            os.remove(record.path)
+    out = r.stdout.read()
+    assert r.rc != 0, out[-3000:]
+    failed = {e["event_data"].get("task"): e["event_data"]["res"].get("msg", "")
+              for e in r.events if e.get("event") == "runner_item_on_failed"}
+    msg = failed.get("Hold the other ranks' state directory and port on their hosts", "")
+    assert "the server state directory %s on node-b is in use by run first-run" % os.path.realpath(state_b) in msg, (
+        failed, out[-3000:])
+    started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
+    assert not [t for t in started if t and t.startswith("Start the ranks")]
+
+    # Free: the next run takes node-b's lock (its record names node-b) and leaves none behind.
+    seen = []
+    (tmp_path / "runner").rename(tmp_path / "runner-refused")
+    done = threading.Event()
+
+    def watch():
+        path = os.path.join(os.path.realpath(state_b), lock.STATE_DIR_LOCK)
+        while not done.is_set():
+            try:
+                seen.append(json.load(open(path)))
+                return
+            except (OSError, ValueError):
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        r = _run_pair(tmp_path, extravars)
+    finally:
+        done.set()
+        watcher.join(5)
+    assert r.rc == 0, r.stdout.read()[-3000:]
+    assert seen and seen[0]["inventory_host"] == "node-b", seen
+    assert not os.path.exists(os.path.join(os.path.realpath(state_b), lock.STATE_DIR_LOCK))
+
+
+def test_an_interrupt_cleans_up_the_rank_outside_gpu_servers_and_releases_its_lock(tmp_path):
+    """Ctrl-C during the sweep of the pair profile: the interrupt cleanup (bench_interrupted.yml)
+    stops every rank, also node-b's (not a GPU server: locked from its rank 0), and releases
+    node-b's lock, so nothing of the run holds that state directory afterwards."""
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from playbookproc import PlaybookProcess  # pylint: disable=import-outside-toplevel
+    events_file = tmp_path / "rank-events.log"
+    extravars = _pair_vars()
+    extravars["bench_profiles"][0]["command"] += ["--events", str(events_file), "--time-scale", "10"]
+    extravars.update(bench_run_id="pair-interrupted", bench_level_seconds=30, bench_warmup_requests=1,
+                     bench_max_tokens=32, bench_workload={"kind": "synthetic", "input_tokens": 64,
+                                                          "output_tokens": 32, "count": 8})
+    varsfile = tmp_path / "vars.json"
+    varsfile.write_text(json.dumps(extravars))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               SERVELAB_RESULTS_ROOT=str(tmp_path / "results"), PYTHONUNBUFFERED="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    run = PlaybookProcess([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                           "-i", _inventory(tmp_path), "-e", "@%s" % varsfile,
+                           os.path.join(REPO, "bench.yml")], env, REPO)
+    state_b = os.path.realpath(str(tmp_path / "servers-b"))
+    try:
+        run.wait_for_line(r"llm_bench node-a/pair C=1: running", timeout=300)
+        assert os.path.exists(os.path.join(state_b, lock.STATE_DIR_LOCK)), run.output[-3000:]
+        os.killpg(run.proc.pid, signal.SIGINT)
+        rc = run.wait(300)
+    finally:
+        run.kill()
+    assert rc != 0, run.output[-3000:]
+    events = events_file.read_text()
+    pids = {int(rank): int(pid) for rank, pid in re.findall(r"rank=(\d) launched pid=(\d+)", events)}
+    assert sorted(pids) == [0, 1], events
+    assert not [pid for pid in pids.values() if lifetime.is_alive(pid)], events
+    assert not os.path.exists(os.path.join(state_b, lock.STATE_DIR_LOCK)), run.output[-3000:]
+    manifest = json.loads((tmp_path / "results" / "pair-interrupted" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted", run.output[-3000:]

@@ -124,3 +124,28 @@ def test_rank_0s_dist_init_port_is_checked_on_rank_0_and_locked_with_the_run():
                 {"name": "one"}]
     assert multinode_dist_init_ports(profiles, "gpu1", groups, 50000) == [50000, 50100]
     assert multinode_dist_init_ports(profiles, "gpu2", groups, 50000) == []
+
+
+def test_the_other_ranks_hosts_are_locked_from_rank_0_unless_they_lock_themselves():
+    """Issue 26: every rank's state directory and port is locked with the run. A rank host
+    outside the play (not a GPU server) is locked by rank 0's host (lock.yml, delegated) and
+    released by bench.yml's end; a GPU server of the play takes its own locks."""
+    from ansible_collections.servelab.serving.plugins.filter.multinode import (  # pylint: disable=import-outside-toplevel
+        multinode_fleet_rank_hosts, multinode_rank_hosts,
+    )
+    groups = {"pair": ["gpu1", "r1"], "trio": ["gpu1", "r2", "gpu2"]}
+    profiles = [{"name": "big", "nodes": {"group": "pair"}},
+                {"name": "huge", "nodes": {"group": "trio"}},
+                {"name": "far", "engine": "external", "nodes": {"group": "pair"}},
+                {"name": "listed", "nodes": {"hosts": ["gpu1", "r1", "r3"]}},
+                {"name": "one"}]
+    assert multinode_rank_hosts(profiles, "gpu1", groups) == ["r1", "r2", "gpu2", "r3"]
+    assert multinode_rank_hosts(profiles, "gpu1", groups, ["gpu1", "gpu2"]) == ["r1", "r2", "r3"]
+    assert multinode_rank_hosts(profiles, "gpu2", groups, ["gpu1", "gpu2"]) == []   # not rank 0
+    hostvars = {"gpu1": {"bench_profiles": profiles}, "gpu2": {}, "r2": {"bench_state_dir": "/srv/r2"},
+                "gpu3": {"bench_profiles": [{"name": "x", "nodes": {"hosts": ["gpu3", "r1", "r4"]}}],
+                         "bench_state_dir": "/srv/gpu3"}}
+    assert multinode_fleet_rank_hosts(["gpu1", "gpu2", "gpu3"], hostvars, groups, "/srv/default") == [
+        {"host": "r1", "state_dir": "/srv/default"}, {"host": "r2", "state_dir": "/srv/r2"},
+        {"host": "r3", "state_dir": "/srv/default"}, {"host": "r1", "state_dir": "/srv/gpu3"},
+        {"host": "r4", "state_dir": "/srv/gpu3"}]

@@ -315,7 +315,8 @@ def new_record(run_id: str, resource: str, controller: Controller, *, state_dir=
 def acquire(lock_dir: str, resources: Sequence[Tuple[str, str]], run_id: str,
             controller: Controller, *, state_dir: Optional[str] = None,
             port: Optional[int] = None, take_over: Sequence[str] = (),
-            inventory_host: str = "", check_mode: bool = False) -> AcquireResult:
+            inventory_host: str = "", check_mode: bool = False,
+            share_run: bool = False) -> AcquireResult:
     """Take every (resource, path) for `run_id` (on behalf of `inventory_host`), or none of them.
 
     A record of this very run, controller process and inventory host is kept as it is (running
@@ -323,7 +324,10 @@ def acquire(lock_dir: str, resources: Sequence[Tuple[str, str]], run_id: str,
     broken by the caller) is replaced. Any other existing record is a conflict, also one of this
     same run taken for another inventory host (two hosts of the run on one machine): then nothing
     is written and the caller decides (holder_state) whether to try again with its token in
-    `take_over`."""
+    `take_over`. With `share_run` a record of this same run and controller process for another
+    of its inventory hosts counts as held, not as a conflict: a multi-node profile's rank binds
+    the port of rank 0 on its own address, and two ranks on one machine (loopback) meet at one
+    machine-wide port record."""
     result = AcquireResult()
     if check_mode:
         # Read only: no lock directory, no guard file, nothing written anywhere.
@@ -335,7 +339,10 @@ def acquire(lock_dir: str, resources: Sequence[Tuple[str, str]], run_id: str,
         plan = []
         for resource, path in resources:
             holder = read_record(path)
-            if holder is not None and holder.held_for(run_id, controller, inventory_host):
+            if holder is not None and (
+                    holder.held_for(run_id, controller, inventory_host)
+                    or (share_run and holder.run_id == run_id
+                        and holder.controller.same_process(controller))):
                 result.acquired.append(holder)
             elif holder is not None and holder.token not in take_over:
                 result.conflicts.append(Conflict(resource, path, holder))
@@ -468,7 +475,8 @@ def run_task(params: dict, check_mode: bool, result: dict) -> dict:
             Controller.from_dict(params["controller"]),
             state_dir=real_dir(params["state_dir"]) if params.get("state_dir") else None,
             port=params.get("port"), take_over=params.get("take_over") or (),
-            inventory_host=params.get("inventory_host") or "", check_mode=check_mode)
+            inventory_host=params.get("inventory_host") or "", check_mode=check_mode,
+            share_run=bool(params.get("share_run")))
         result["acquired"] = [r.as_dict() for r in outcome.acquired]
         result["taken_over"] = [r.as_dict() for r in outcome.taken_over]
         result["conflicts"] = [dict(resource=c.resource, path=c.path, holder=c.holder.as_dict())
