@@ -369,3 +369,26 @@ def test_a_refusal_names_an_extra_port_by_what_binds_it_and_the_variable_that_mo
     same = run_locks.judge([("port:31004", half)], me, False, "gpu1", server_port=31004)
     assert "server port 31004 on gpu1" in same.refusals[0]
     assert same.refusals[0].endswith("bench_state_dir and bench_server_port")
+
+
+def test_share_run_takes_a_record_of_this_run_for_another_host_as_held_and_only_that(tmp_path, sleeper):
+    # Two ranks of one multi-node profile on one machine bind one port number on two addresses:
+    # rank 1's lock (taken from rank 0 in rank 1's name) finds rank 0's record of this run.
+    lock_dir = str(tmp_path / "locks")
+    me = controller_of(os.getpid())
+    port = lock.port_resource(lock_dir, 31010)
+    first = lock.acquire(lock_dir, [port], "run-a", me, port=31010, inventory_host="node-a")
+    assert first.written
+    plain = lock.acquire(lock_dir, [port], "run-a", me, port=31010, inventory_host="node-b")
+    assert [c.holder.inventory_host for c in plain.conflicts] == ["node-a"]
+    shared = lock.acquire(lock_dir, [port], "run-a", me, port=31010, inventory_host="node-b",
+                          share_run=True)
+    assert not shared.conflicts and not shared.written
+    assert [r.inventory_host for r in shared.acquired] == ["node-a"]
+    # ... never another run's, nor this run id's from another controller process
+    other = lock.acquire(lock_dir, [port], "run-b", me, port=31010, inventory_host="node-b",
+                         share_run=True)
+    assert other.conflicts
+    elsewhere = lock.acquire(lock_dir, [port], "run-a", controller_of(sleeper().pid), port=31010,
+                             inventory_host="node-b", share_run=True)
+    assert elsewhere.conflicts
