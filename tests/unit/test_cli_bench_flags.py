@@ -113,10 +113,12 @@ def test_default_output_has_progress_warnings_and_failures_but_no_task_lines():
 
 
 def test_a_warning_repeated_by_a_loop_and_its_task_is_printed_once():
-    item = {"event": "runner_item_on_ok", "event_data": {
-        "host": "h1", "res": {"warnings": ["careful"]}}}
-    task = {"event": "runner_on_ok", "event_data": {"host": "h1", "res": {"warnings": ["careful"]}}}
-    assert _printed([item, task]).count("careful") == 1
+    def event(kind, task_uuid):
+        return {"event": kind, "event_data": {"host": "h1", "task_uuid": task_uuid,
+                                              "res": {"warnings": ["careful"]}}}
+    text = _printed([event("runner_item_on_ok", "t1"), event("runner_on_ok", "t1"),
+                     event("runner_on_ok", "t2")])
+    assert text.count("careful") == 2       # once for t1 (item and task), once for t2
 
 
 def test_verbose_shows_every_task_line_as_before():

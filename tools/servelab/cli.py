@@ -93,7 +93,7 @@ class _Printer:
 
     def __init__(self, stream=None, verbosity: int = 0):
         self.stream, self.verbosity = stream or sys.stdout, verbosity
-        self._warned: set = set()     # (host, text): a loop's items and its task repeat them
+        self._warned: set = set()     # (task, host, text): a loop's items and its task repeat them
 
     def say(self, text: str):
         print(text, file=self.stream, flush=True)
@@ -105,7 +105,7 @@ class _Printer:
                 yield line
 
     def warnings(self, event: dict) -> list:
-        """The warnings and deprecations of a task's result, each host's once."""
+        """The warnings and deprecations of a task's result, once per task and host."""
         data = event.get("event_data") or {}
         res = data.get("res")
         if event.get("event") not in self.RESULT_EVENTS or not isinstance(res, dict):
@@ -116,7 +116,7 @@ class _Printer:
             for d in res.get("deprecations") or []]
         for kind, text in found:
             text = ANSI.sub("", str(text or "")).strip()
-            key = (data.get("host"), text)
+            key = (data.get("task_uuid") or data.get("task"), data.get("host"), text)
             if text and key not in self._warned:
                 self._warned.add(key)
                 out.append("   %s: %s: %s" % (data.get("host"), kind, text))
