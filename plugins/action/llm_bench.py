@@ -11,6 +11,7 @@ fails with the reason. The documentation is plugins/modules/llm_bench.py.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -32,6 +33,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
     rebuild_run_files, write_level_files,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.controller_watch import ControllerWatch
+from ansible_collections.servelab.serving.plugins.plugin_utils.live_watch import live_watch
 from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import (
     ManifestError, read_manifest, run_lock,
 )
@@ -83,6 +85,14 @@ class ActionModule(ActionBase):
         self._task.args = dict(settings, **args)
 
     def run(self, tmp=None, task_vars=None):
+        self._live = None
+        try:
+            return self._run(tmp, task_vars)
+        finally:
+            if self._live is not None:
+                self._live.close()
+
+    def _run(self, tmp, task_vars):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         self._merge_settings()
@@ -138,8 +148,11 @@ class ActionModule(ActionBase):
         # Each repeat is its own part file, so a resume keeps the finished repeats.
         policy = finished_levels_policy(run_dir)
         result["kept_levels"] = kept = []
-        sweep_started, own_walls = time.time(), []   # for the progress line only
         watch = ControllerWatch()
+        # A line of figures during each level, where the module runs here (live_watch.py);
+        # its directory is removed by run().
+        live = self._live = live_watch(self._connection, display.display)
+        sweep_started, own_walls = time.time(), []   # for the progress line only
         for step in plan:
             # One measurement per module call: each but the sweep's last drains the server after
             # it. Repeat r sends with seed + r - 1: its own prompt order and arrivals.
@@ -183,7 +196,11 @@ class ActionModule(ActionBase):
             try:
                 # After a SIGKILL of ansible-playbook this worker lives on: it must not wait for
                 # the level and write it as complete (plugin_utils/controller_watch.py).
-                with watch.exit_when_gone("llm_bench %s" % where):
+                if live is not None:
+                    level_args["progress_file"] = live.path
+                with watch.exit_when_gone("llm_bench %s" % where), (
+                        live.watching("llm_bench " + where) if live is not None
+                        else contextlib.nullcontext()):
                     res = self._execute_module(module_name="servelab.serving.llm_bench",
                                                module_args=level_args, task_vars=task_vars)
                 rows = res.get("levels") or []

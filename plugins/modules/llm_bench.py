@@ -254,6 +254,13 @@ options:
     description: Return the per-request records (the action plugin needs them).
     type: bool
     default: true
+  progress_file:
+    description:
+      - A file on the bench client that each level rewrites about once a second with its figures
+        so far (seconds elapsed, phase, requests finished, output tokens; JSON, replaced
+        atomically). The action plugin sets it when the bench client is the controller (a local
+        connection) and prints a line from it during the level; unset, nothing is written.
+    type: path
 attributes:
   check_mode:
     support: full

@@ -306,3 +306,25 @@ def heartbeat_line(host: str, profile: str, elapsed_s: float, log_line: Optional
     """'localhost eagle3: server starting, 00:45 elapsed | log: <its last line>'."""
     line = "%s %s: server starting, %s elapsed" % (host, profile, clock(elapsed_s))
     return line + (" | log: " + log_line if log_line else "")
+
+
+# -- a level in progress -----------------------------------------------------------------------
+
+def live_line(where: str, record) -> str:
+    """'localhost/external C=4: 00:12 elapsed · window 8/20 s · 57 requests, 0 errors · 1234
+    tok/s so far' from a level's live record (module_utils/loadgen/live.py's LiveRecord). The
+    rate is the finished requests' output tokens over the time since the level started (warm-up
+    included): a sign of life, not the level's figure, which comes at its end."""
+    if record.phase == "window":
+        phase = "window %.0f/%.0f s" % (record.window_s, record.level_seconds)
+    elif record.phase == "tail":
+        phase = "tail (window closed at %.0f s)" % record.window_s
+    else:
+        phase = "warm-up"
+    errors = ", %d error%s" % (record.errors, "" if record.errors == 1 else "s")
+    rate = record.tok_s
+    parts = ["%s elapsed" % clock(record.elapsed_s), phase,
+             "%d request%s%s" % (record.requests, "" if record.requests == 1 else "s",
+                                 errors if record.errors else ""),
+             "%s tok/s so far" % ("-" if rate is None else "%.0f" % rate)]
+    return "%s: %s" % (where, SEP.join(parts))

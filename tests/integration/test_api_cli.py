@@ -124,7 +124,37 @@ def test_cli_bench_failure_exits_1_naming_host_and_task(tmp_path):
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "on localhost, task 'servelab: preflight'" in done.stderr
     assert "bench_concurrency" in done.stderr
-    assert "-- servelab: preflight" in done.stdout     # a line per task, streamed
+    # The failure names its task; the line per task is -v's.
+    assert "localhost: failed (task 'servelab: preflight')" in done.stdout
+
+
+STRICT = os.path.join(REPO, "tests", "unit", "test_loadgen_strict_server.py")
+
+
+@pytest.mark.slow
+def test_cli_bench_of_one_endpoint_with_flags_only(tmp_path):
+    """The common case (issue 28): one endpoint servelab did not start, no inventory and no vars
+    file; the output shows the level's figures while it runs, the /metrics 404 warning that
+    ansible-playbook shows, and no line per task."""
+    from simproc import ServerProcess   # tests/ (conftest.py puts it on sys.path)
+
+    env = _env(SERVELAB_LEVEL_PROGRESS_INTERVAL="0.2")
+    with ServerProcess("--model", "m", script=STRICT) as srv:     # /metrics answers 404
+        done = _servelab(["bench", "--base-url", srv.url, "--model", "m", "-c", "1",
+                          "--level-seconds", "1", "--results-root", str(tmp_path / "results")],
+                         tmp_path, env=env)
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-3000:]
+    assert "servelab bench: successful" in out
+    assert not [line for line in out.splitlines() if line.startswith("-- ")], out[-4000:]
+    # During the level: elapsed, requests done, tok/s so far (plugin_utils/progress.live_line).
+    assert "llm_bench localhost/external C=1: " in out and " tok/s so far" in out, out[-4000:]
+    assert "localhost: warning: llm_bench: no server metrics from %s/metrics" % srv.url in out
+    assert "HTTP 404" in out
+    with open(os.path.join(str(tmp_path / "results" / "latest"), "levels.csv"),
+              newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["profile"], int(r["concurrency"])) for r in rows] == [("external", 1)]
 
 
 @pytest.mark.parametrize("args", [["bench", "-e", "not-a-pair"], ["upgrade-cuda"],

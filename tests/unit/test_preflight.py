@@ -295,8 +295,9 @@ def test_every_llm_bench_option_a_user_sets_is_a_bench_variable_the_role_passes(
     from ansible_collections.servelab.serving.plugins.module_utils.loadgen.options import (
         ARGUMENT_SPEC,
     )
-    # repeat: the action sets it on each call; the rest: set by each sweep task itself.
-    internal = {"results_dir", "return_requests", "drain_after", "repeat"}
+    # repeat, progress_file: the action sets them on each call; the rest: set by each sweep task
+    # itself.
+    internal = {"results_dir", "return_requests", "drain_after", "repeat", "progress_file"}
     per_call = {"base_url", "model", "api_key", "host_label", "profile"}
     derived = pf.llm_bench_variables()
     assert set(ARGUMENT_SPEC) - internal - per_call <= set(derived), \

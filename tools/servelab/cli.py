@@ -1,6 +1,7 @@
 """`servelab`: bench.yml, upgrade-cuda.yml and the report from the command line.
 
     servelab bench [-i INVENTORY] [-e KEY=VALUE|-e @FILE|-e JSON]... [--limit HOSTS] [-v]
+    servelab bench --base-url URL --model NAME [-c 1,2,4] [--level-seconds 20]
     servelab report RESULTS_DIR [--compare-to OLD_RESULTS_DIR] [--baseline NAME]
     servelab upgrade-cuda -i INVENTORY [-e ...] [--limit HOSTS] [-v] [--check]
 
@@ -15,11 +16,14 @@ import re
 import sys
 from typing import List, Optional
 
+from . import _flags
+
 EPILOG = """\
 exit codes: 0 ok, 1 the play or the report failed (host and task named), 2 bad usage
 
 examples:
   servelab bench                                    # the embedded default: this machine, the simulator
+  servelab bench --base-url http://10.0.0.5:8000 --model my-model -c 1,2,4 --level-seconds 20
   servelab bench -e '{"bench_concurrency": [1, 2, 5]}' -e bench_level_seconds=10
   servelab bench -i inventory/mine -e @bench-vars.yml --limit gpu1
   servelab report results/latest --compare-to results/20261201T101500Z-123456
@@ -74,14 +78,22 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class _Printer:
-    """What `servelab bench` streams from the events: a line per play and per task, each failed or
-    unreachable host, and every line ansible-playbook printed outside a task result (`verbose`
-    events: llm_bench's per-level progress, the servelab.serving.progress callback's lines, the
-    levels table and the report at the end, warnings). -v adds each host's ok/changed/skipped,
-    -vv prints ansible-playbook's whole output instead."""
+    """What `servelab bench` streams from the events. By default: a line per play, every line
+    ansible-playbook printed outside a task result (`verbose` events: llm_bench's per-level
+    progress and its figures during a level, the servelab.serving.progress callback's lines, the
+    levels table and the report at the end), each failed or unreachable host with its task, and
+    every warning a task returned (ansible-playbook prints them as [WARNING] lines inside the
+    task's result, which the default here does not show). -v adds a line per task and each
+    host's ok/changed/skipped, -vv prints ansible-playbook's whole output instead."""
+
+    # The events whose result may carry `warnings` (a loop's items, then the task's own).
+    RESULT_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable",
+                     "runner_on_skipped", "runner_item_on_ok", "runner_item_on_failed",
+                     "runner_item_on_skipped")
 
     def __init__(self, stream=None, verbosity: int = 0):
         self.stream, self.verbosity = stream or sys.stdout, verbosity
+        self._warned: set = set()     # (task, host, text): a loop's items and its task repeat them
 
     def say(self, text: str):
         print(text, file=self.stream, flush=True)
@@ -92,22 +104,44 @@ class _Printer:
             if line.strip():
                 yield line
 
+    def warnings(self, event: dict) -> list:
+        """The warnings and deprecations of a task's result, once per task and host."""
+        data = event.get("event_data") or {}
+        res = data.get("res")
+        if event.get("event") not in self.RESULT_EVENTS or not isinstance(res, dict):
+            return []
+        out = []
+        found = [("warning", w) for w in res.get("warnings") or []] + [
+            ("deprecation", d.get("msg") if isinstance(d, dict) else d)
+            for d in res.get("deprecations") or []]
+        for kind, text in found:
+            text = ANSI.sub("", str(text or "")).strip()
+            key = (data.get("task_uuid") or data.get("task"), data.get("host"), text)
+            if text and key not in self._warned:
+                self._warned.add(key)
+                out.append("   %s: %s: %s" % (data.get("host"), kind, text))
+        return out
+
     def __call__(self, event: dict):
         kind = event.get("event")
         data = event.get("event_data") or {}
         if self.verbosity >= 2:
             for line in self.lines(event):
                 self.say(line)
-        elif kind == "playbook_on_play_start":
+            return
+        if kind == "playbook_on_play_start":
             self.say("== %s" % (data.get("play") or data.get("name") or "play"))
-        elif kind == "playbook_on_task_start":
+        elif kind == "playbook_on_task_start" and self.verbosity >= 1:
             self.say("-- %s" % (data.get("task") or data.get("name")))
         elif kind in ("runner_on_failed", "runner_on_unreachable"):
             tag = "ignored" if data.get("ignore_errors") else (
                 "unreachable" if kind == "runner_on_unreachable" else "failed")
             res = data.get("res") or {}
             msg = str(res.get("msg") or "").strip().splitlines()
-            self.say("   %s: %s%s" % (data.get("host"), tag, (": " + msg[0][:300]) if msg else ""))
+            # Without the task lines of -v, the failure names its task.
+            task = "" if self.verbosity >= 1 else " (task %r)" % data.get("task")
+            self.say("   %s: %s%s%s" % (data.get("host"), tag, task,
+                                        (": " + msg[0][:300]) if msg else ""))
         elif kind == "verbose":
             for line in self.lines(event):
                 self.say(line)
@@ -116,6 +150,23 @@ class _Printer:
             tag = "skipped" if kind == "runner_on_skipped" else (
                 "changed" if res.get("changed") else "ok")
             self.say("   %s: %s" % (data.get("host"), tag))
+        for line in self.warnings(event):
+            self.say(line)
+
+
+def bench_extravars(args, extravars: dict) -> dict:
+    """-e's variables plus those of the common-case flags (_flags.py); UsageError naming the
+    flag when one is bad."""
+    flags = _flags.BenchFlags(base_url=args.base_url, model=args.model,
+                              concurrency=args.concurrency, level_seconds=args.level_seconds,
+                              profile=args.profile)
+    if args.base_url is not None and args.model is None and "bench_model" not in extravars:
+        raise UsageError("--base-url needs --model NAME: the model name the endpoint serves "
+                         "(GET <base_url>/v1/models lists them)")
+    try:
+        return _flags.merge(_flags.flag_vars(flags), extravars, _flags.FLAG_OF)
+    except _flags.FlagError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,10 +196,27 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run bench.yml: sweep every profile on every GPU server, then report",
-        description="Run bench.yml through ansible-runner; prints a line per task and "
-                    "servelab's per-level progress, then the results directory.",
+        description="Run bench.yml through ansible-runner; prints servelab's progress (before "
+                    "and during each level), failures and warnings (-v: a line per task too), "
+                    "then the results directory. --base-url benchmarks one endpoint with no "
+                    "inventory and no vars file.",
         epilog=EPILOG)
     play_options(bench, False)
+    common = bench.add_argument_group(
+        "the common case", "each flag sets one bench variable (a flag and a -e setting the same "
+        "one are refused); --base-url needs no inventory: this machine is the bench client")
+    common.add_argument("--base-url", metavar="URL",
+                        help="benchmark this endpoint (one that servelab does not start): one "
+                             "profile, engine external, at bench_base_url=URL")
+    common.add_argument("--model", metavar="NAME",
+                        help="the model name the endpoint serves (bench_model)")
+    common.add_argument("--profile", metavar="NAME",
+                        help="the --base-url profile's name in the results (default: %s)"
+                             % _flags.EXTERNAL_PROFILE)
+    common.add_argument("-c", "--concurrency", metavar="C1,C2,...",
+                        help="the levels, e.g. 1,2,4 (bench_concurrency)")
+    common.add_argument("--level-seconds", metavar="S",
+                        help="each level's measurement window in seconds (bench_level_seconds)")
     bench.add_argument("--results-root",
                        help="where the run directory goes (default $SERVELAB_RESULTS_ROOT, else "
                             "the checkout's results/, else ./results)")
@@ -180,6 +248,8 @@ def _play(args, printer) -> int:
     import servelab
 
     extravars = _parse_extra(args.extra_vars)
+    if args.command == "bench":
+        extravars = bench_extravars(args, extravars)
     common = dict(extravars=extravars, on_event=printer, limit=args.limit,
                   verbosity=max(args.verbose - 2, 0), check=args.check)
     try:

@@ -325,6 +325,10 @@ class _Client(OpenLoop):
             # Tokens so far (finished + streaming), for the adaptive-precision rule.
             shm[self.base + C_TOKENS] = self.done_tokens + sum(
                 c.tokens_seen for c in self.inflight if c.req is not None)
+        else:
+            # The finished requests' tokens, for the level's live figures (loadgen/live.py):
+            # one store per tick, nothing per token.
+            shm[self.base + C_TOKENS] = self.done_tokens
         ws, we = shm[G_WS], shm[G_WE]
         if ws and self.cpu_ws is None:
             self.cpu_ws = time.process_time_ns()

@@ -51,6 +51,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.honesty i
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
     RX_KERNEL, RX_USER, Endpoint, http_get, request_body,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.live import (
+    PHASE_TAIL, PHASE_WARMUP, PHASE_WINDOW, LiveFile, LiveRecord,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     LevelPart, LevelRow, NS_PER_S, batch_means_ci95, level_row,
 )
@@ -136,6 +139,19 @@ class _Controller:
         if not mean or half is None:
             return None
         return 100.0 * half / mean
+
+    def live_record(self, now: int) -> LiveRecord:
+        """The level so far, for its live file (loadgen/live.py): a few sums of the counters."""
+        shm, cfg = self.shm, self.cfg
+        ws, we = shm[G_WS], shm[G_WE]
+        phase = PHASE_TAIL if we else PHASE_WINDOW if ws else PHASE_WARMUP
+        return LiveRecord(
+            concurrency=int(cfg.concurrency), elapsed_s=round((now - shm[G_T0]) / NS_PER_S, 3),
+            phase=phase, window_s=round(((we or now) - ws) / NS_PER_S, 3) if ws else 0.0,
+            level_seconds=float(cfg.level_seconds), requests=self.total(C_COMPLETED),
+            errors=self.total(C_ERRORS), tokens=self.total(C_TOKENS),
+            request_rate=float(cfg.request_rate) if cfg.load_mode == "rate" else None,
+            repeat=int(cfg.repeat))
 
     def step(self, now: int) -> None:
         shm, cfg = self.shm, self.cfg
@@ -267,9 +283,12 @@ def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes], spool_dir
         grace_deadline = None
         ticks = 0
         orphaned = False
+        # The figures so far for a watcher, about once a second (cfg.progress_file; None: off).
+        live = LiveFile(cfg.progress_file)
         while len(results) < nproc:
             now = time.monotonic_ns()
             controller.step(now)
+            live.tick(now, lambda: controller.live_record(now))  # noqa: B023 - called at once
             ticks += 1
             if not shm[G_STOP] and ticks % CALLER_CHECK_TICKS == 0 and caller_gone():
                 # ansible-playbook was interrupted or killed: nobody will read this level; stop

@@ -64,6 +64,7 @@ ARGUMENT_SPEC = dict(
     server_metrics=dict(type="bool", default=_default("server_metrics")),
     results_dir=dict(type="path"),
     return_requests=dict(type="bool", default=True),
+    progress_file=dict(type="path"),
 )
 
 # The action plugin's own options (the module never sees them), on top of the module's.

@@ -64,6 +64,9 @@ class LevelConfig:
     profile: str = "default"
     repeat: int = 1                 # which measurement of this level (llm_bench's repeats)
     keep_chunks: bool = False       # keep per-chunk arrival times in the request rows (tests)
+    # A file the level's controller rewrites about once a second with its figures so far
+    # (loadgen/live.py); the action plugin sets it when it can read it (a local bench client).
+    progress_file: Optional[str] = None
 
     def validate(self) -> None:
         """Raise LoadgenError naming the field and the fix, before anything is sent."""
