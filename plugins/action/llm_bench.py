@@ -4,8 +4,9 @@
 For each level (each of its `repeats`, in rounds: plugin_utils/sweep_plan.py) it calls the
 module on the task's host (the bench client, usually through `delegate_to`), prints a progress
 line, writes the measurement's part files under the controller's results/<run_id>/parts/
-atomically and rebuilds levels.csv and requests.jsonl under the run's lock. A finished level
-(or repeat) is never lost: not to Ctrl-C, not to a server that dies mid-sweep. A level whose
+atomically and rebuilds levels.csv and requests.jsonl under the run's lock (levels.parquet and
+requests.parquet too, where pandas and pyarrow are installed: plugin_utils/run_exports.py). A
+finished level (or repeat) is never lost: not to Ctrl-C, not to a server that dies mid-sweep. A level whose
 requests all failed is recorded (with its errors) and ends the sweep for this profile: the task
 fails with the reason. The documentation is plugins/modules/llm_bench.py.
 """
@@ -43,6 +44,9 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.progress import (
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import PARTS_DIR
 from ansible_collections.servelab.serving.plugins.module_utils.run.lock import utc_now
+from ansible_collections.servelab.serving.plugins.plugin_utils.run_exports import (
+    ParquetOutcome, write_parquet_exports,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.run_record import (
     KEEP, REMEASURE, clear_in_flight, finished_levels_policy, mark_in_flight, measured_part,
 )
@@ -142,6 +146,8 @@ class ActionModule(ActionBase):
         # Every level `repeats` times, in rounds (plugin_utils/sweep_plan.py says why).
         plan = sweep_order(configs, repeats, rate_mode)
         result.update(changed=False, levels=levels, results_dir=run_dir, warnings_text=warnings)
+        # The Parquet files this task wrote (run_exports.py), on every way out of the sweep.
+        result["exports"] = exports = []
         # What to do with a level that already has a complete part file: the run's manifest
         # says (bench.yml's bench_run writes it: keep on bench_resume, remeasure with
         # bench_remeasure); a run without that word never has a finished level overwritten.
@@ -205,8 +211,13 @@ class ActionModule(ActionBase):
                                                module_args=level_args, task_vars=task_vars)
                 rows = res.get("levels") or []
                 for row in rows:
-                    self._record_level(run_dir, parts_dir, row, res.get("requests") or [],
-                                       res.get("warnings_text") or [])
+                    exported = self._record_level(run_dir, parts_dir, row,
+                                                  res.get("requests") or [],
+                                                  res.get("warnings_text") or [])
+                    exports.extend(rel for rel in exported.written if rel not in exports)
+                    if exported.note and exported.note not in warnings:   # said once a task
+                        warnings.append(exported.note)
+                        display.warning("llm_bench: %s" % exported.note)
             finally:
                 clear_in_flight(run_dir, args["host_label"])
             own_walls.append(time.monotonic() - level_started)
@@ -295,13 +306,15 @@ class ActionModule(ActionBase):
         with open(path, encoding="utf-8") as fh:
             return path, json.load(fh)["level"]
 
-    def _record_level(self, run_dir, parts_dir, row, requests, notes):
-        """Part files first (atomic), then levels.csv/requests.jsonl under the run's lock."""
+    def _record_level(self, run_dir, parts_dir, row, requests, notes) -> ParquetOutcome:
+        """Part files first (atomic), then levels.csv/requests.jsonl and the Parquet exports
+        (where pandas and pyarrow are installed) under the run's lock."""
         os.makedirs(parts_dir, exist_ok=True)
         write_level_files(parts_dir, row, requests, notes)
         try:
             with run_lock(run_dir):
                 rebuild_run_files(run_dir)
+                return write_parquet_exports(run_dir)
         except ManifestError as exc:
             raise AnsibleActionFail("llm_bench: level written to %s but levels.csv not rebuilt: "
                                     "%s" % (parts_dir, exc)) from None

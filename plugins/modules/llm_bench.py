@@ -20,7 +20,9 @@ description:
   - "The action plugin of the same name runs on the controller: it calls this module once per
     level (on the task's host, normally the bench client via C(delegate_to)), prints progress,
     and writes each finished level to C(results/<run_id>/parts/) on the controller, then rebuilds
-    C(levels.csv) and C(requests.jsonl) under the run's lock. A level whose requests all failed
+    C(levels.csv) and C(requests.jsonl) under the run's lock, and C(levels.parquet) and
+    C(requests.parquet) where pandas and pyarrow are installed on the controller (optional for
+    llm_bench: the collection's requirements.txt). A level whose requests all failed
     stops the sweep for that profile (the task fails with the reason); finished levels are kept."
   - The load generator uses the Python standard library only (bare bench clients work).
   - "Definitions (each defined once, in plugins/module_utils/loadgen/metrics.py): TTFT = send to first
@@ -330,10 +332,24 @@ requests:
   type: list
   elements: dict
 warnings_text:
-  description: Per-level notes (incomplete window, client-limited level, no server metrics).
+  description:
+    - Per-level notes (incomplete window, client-limited level, no server metrics).
+    - Once per task, why C(levels.parquet) and C(requests.parquet) were not written, when pandas
+      or pyarrow is missing from the Python that runs Ansible on the controller (with the
+      command that installs them).
   returned: always
   type: list
   elements: str
+exports:
+  description:
+    - The Parquet exports this task wrote or rewrote in the controller's run directory after its
+      levels (C(levels.parquet), C(requests.parquet), the bytes M(servelab.serving.bench_report)
+      writes), so a run measured without the report step has them. Empty when pandas or pyarrow
+      is missing (see RV(warnings_text)) or nothing changed.
+  returned: always (the action), not in check mode
+  type: list
+  elements: str
+  sample: [levels.parquet, requests.parquet]
 results_dir:
   description: Where the level files were written on the bench client (when results_dir).
   returned: when results_dir

@@ -19,6 +19,7 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import level_date
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import CANCELLED_PREFIX, percentile
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads import load
 from simproc import ServerProcess
@@ -95,6 +96,8 @@ def test_closed_loop_window_and_figures_against_truth(tmp_path):
     assert row.requests == len(window)
     assert row.goodput_request_s == pytest.approx(row.request_s)
     assert row.itl_basis == "token" and row.tokens_source == "server"
+    # Dated by its window start on the wall clock (vLLM's `date` format, UTC).
+    assert row.date == level_date(row.window_start_unix_ns) and len(row.date) == 15
 
     truth = truth_figures(read_truth(truth_path), ws, we)
     assert row.output_tok_s == pytest.approx(truth["output_tok_s"], rel=0.03)

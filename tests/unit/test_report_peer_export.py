@@ -26,7 +26,8 @@ VLLM_KEYS = {
     "total_input_tokens", "total_output_tokens", "request_rate", "burstiness", "model_id",
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
     "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
-    "run_number",
+    "run_number", "mean_e2el_ms", "std_ttft_ms", "std_tpot_ms", "std_itl_ms", "std_e2el_ms",
+    "date",
 }
 # vLLM key -> servelab level column: the same figure in the same unit.
 SAME = {
@@ -37,6 +38,8 @@ SAME = {
     "mean_tpot_ms": "tpot_mean_ms", "median_tpot_ms": "tpot_p50_ms",
     "p99_tpot_ms": "tpot_p99_ms", "mean_itl_ms": "itl_mean_ms", "median_itl_ms": "itl_p50_ms",
     "p99_itl_ms": "itl_p99_ms", "median_e2el_ms": "e2e_p50_ms", "p99_e2el_ms": "e2e_p99_ms",
+    "mean_e2el_ms": "e2e_mean_ms", "std_ttft_ms": "ttft_std_ms", "std_tpot_ms": "tpot_std_ms",
+    "std_itl_ms": "itl_std_ms", "std_e2el_ms": "e2e_std_ms", "date": "date",
     "max_concurrency": "concurrency", "profile": "profile", "host": "host",
     "gpu_count": "gpu_count", "model_id": "model", "engine": "engine",
 }
@@ -79,7 +82,7 @@ def test_each_level_is_a_vllm_sweep_summary_with_servelab_figures(tmp_path):
         assert record["run_id"] == "run-x" and record["time_scale"] == 20.0
         assert record["gpu_name"] == "NVIDIA H200" and record["run_number"] == 0
         assert record["request_goodput"] is None          # no SLO given: none, as vLLM writes
-        assert "std_ttft_ms" not in record and "mean_e2el_ms" not in record   # not measured
+        assert record["mean_e2el_ms"] is not None and record["std_ttft_ms"] is not None
     baseline_4 = records[
         "vllm_sweep/SERVE--host=gpu1-profile=baseline-BENCH--max_concurrency=4/summary.json"]
     assert baseline_4["output_throughput"] == pytest.approx(400.0)

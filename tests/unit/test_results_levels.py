@@ -14,7 +14,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_vie
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     FIELD, FIELDS, SUMMARY_FIELDS, KIND_BOOL, KIND_FLOAT, KIND_INT, KIND_STR, LAYOUTS, ROW_COLUMNS, VIEW_CSV,
-    VIEW_LINE, VIEW_RATE_TABLE, VIEW_REPEATS, VIEW_TABLE, LevelRow, csv_columns,
+    VIEW_LINE, VIEW_RATE_TABLE, VIEW_REPEATS, VIEW_TABLE, FIXED_COLUMNS, LevelRow, csv_columns,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     levels_csv, read_levels_csv,
@@ -58,8 +58,19 @@ def test_the_contract_columns_come_first_in_their_order():
     assert ROW_COLUMNS[:len(LEVEL_COLUMNS)] == tuple(LEVEL_COLUMNS)
     assert csv_columns()[:len(LEVEL_COLUMNS)] == list(LEVEL_COLUMNS)
     # A server figure the field table does not know is kept (after the known ones), not dropped.
-    assert csv_columns(["server_new_gauge", "server_requests_s"])[-2:] == [
-        "server_requests_s", "server_new_gauge"]
+    assert csv_columns(["server_new_gauge", "server_requests_s"]) == list(FIXED_COLUMNS) + [
+        "server_new_gauge"]
+
+
+def test_one_column_set_whatever_the_run_measured():
+    # Every known server figure is a column whether or not the server had /metrics.
+    assert csv_columns() == csv_columns(["server_requests_s"]) == list(FIXED_COLUMNS)
+    assert set(every_server_figure()) <= set(FIXED_COLUMNS)
+    without = dataclasses.asdict(full_row(server_metrics={}))
+    bare = levels_csv([without]).splitlines()
+    full = levels_csv([dataclasses.asdict(full_row())]).splitlines()
+    assert bare[0] == full[0] == ",".join(FIXED_COLUMNS)
+    assert len(bare[1].split(",")) == len(FIXED_COLUMNS)     # not measured: an empty cell
 
 
 def test_every_field_is_defined_and_formats_its_values():

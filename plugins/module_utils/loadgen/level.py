@@ -66,6 +66,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads
 from ansible_collections.servelab.serving.plugins.module_utils.proc.terminate import end_children
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     STOP_ABORTED, STOP_LEVEL_TIMEOUT, STOP_SERVER_FAILING, STOP_UNKNOWN, STOP_WINDOW_COMPLETE,
+    level_date,
 )
 
 # What a workload may ask of the level beyond its prompts (workloads.LEVEL_HOOKS): `arrivals`,
@@ -357,6 +358,7 @@ def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes], spool_dir
     if ws and we:   # on the wall clock too, to join the GPU server's telemetry samples
         wall_offset = netstamp.wall_offset_ns()
         row.window_start_unix_ns, row.window_end_unix_ns = ws + wall_offset, we + wall_offset
+        row.date = level_date(row.window_start_unix_ns)
     client_honesty(row, [results[i] for i in range(nproc)], merged, nproc, cpu)
     reads = sum(results[i]["rx_reads"] for i in range(nproc))
     stamped = sum(results[i]["rx_kernel_reads"] for i in range(nproc))

@@ -462,6 +462,25 @@ def _mean_ms(values: Sequence[float]) -> Optional[float]:
     return _ms(sum(values) / len(values)) if values else None
 
 
+def _std_ms(values: Sequence[float]) -> Optional[float]:
+    """Population standard deviation (divisor n), as numpy.std's default (ddof=0), which vLLM's
+    benchmark_serving uses for its std_*_ms: the same figure from the same samples."""
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return _ms(math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)))
+
+
+def _weighted_std_ms(values: Sequence[float], weights: Sequence[float]) -> Optional[float]:
+    """_std_ms of `values` each counted `weight` times (the per-token ITL samples: a k-token
+    chunk is k gaps of gap/k, as the ITL percentiles and mean count it)."""
+    total = sum(weights)
+    if not total:
+        return None
+    mean = sum(v * w for v, w in zip(values, weights)) / total
+    return _ms(math.sqrt(sum(w * (v - mean) ** 2 for v, w in zip(values, weights)) / total))
+
+
 def level_row(host: str, profile: str, concurrency: int, part: LevelPart,
               slo: Dict[str, Optional[float]]) -> LevelRow:
     """Turn merged LevelPart sums into the level row. Client-honesty fields (CPU, lag,
@@ -503,6 +522,10 @@ def level_row(host: str, profile: str, concurrency: int, part: LevelPart,
         tokens_source=TOKENS_SERVER if part.tokens_fallback == 0 else TOKENS_CHUNKS,
         ttft_mean_ms=_mean_ms(part.ttft), tpot_mean_ms=_mean_ms(part.tpot),
         itl_mean_ms=itl_mean, itl_p90_ms=itl90, e2e_p90_ms=e2e90,
+        e2e_mean_ms=_mean_ms(part.e2e),
+        ttft_std_ms=_std_ms(part.ttft), tpot_std_ms=_std_ms(part.tpot),
+        itl_std_ms=_weighted_std_ms(part.itl_values, part.itl_weights),
+        e2e_std_ms=_std_ms(part.e2e),
         ci_batches=len(part.batch_tokens) if has_window else 0,
         run_s=None if run_s is None else round(run_s, 4),
         run_requests=part.run_requests, run_errors=part.run_errors,

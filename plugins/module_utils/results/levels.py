@@ -13,6 +13,7 @@ Standard library only: shipped to targets with the load generator.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -87,6 +88,11 @@ class LevelRow:
     itl_mean_ms: Optional[float] = None
     itl_p90_ms: Optional[float] = None
     e2e_p90_ms: Optional[float] = None
+    e2e_mean_ms: Optional[float] = None
+    ttft_std_ms: Optional[float] = None
+    tpot_std_ms: Optional[float] = None
+    itl_std_ms: Optional[float] = None
+    e2e_std_ms: Optional[float] = None
     ci_batches: int = 0
     run_s: Optional[float] = None
     run_requests: int = 0
@@ -120,6 +126,7 @@ class LevelRow:
     window_end_ns: int = 0
     window_start_unix_ns: Optional[int] = None
     window_end_unix_ns: Optional[int] = None
+    date: Optional[str] = None
     stop_reason: str = ""
     first_error: Optional[str] = None
     # GPU telemetry over the window: filled by the report from the GPU server's samples
@@ -153,6 +160,9 @@ class LevelField:
     optional: bool   # None is a value (not measured); a blank cell reads back as None
     server: bool     # one of the server's /metrics figures (LevelRow.server_metrics)
     summary: bool = False   # the report's repeats summary only (SUMMARY_FIELDS): no csv column
+    # Its names in `vllm bench serve --save-result`'s JSON (same unit), for the vLLM-format
+    # export (plugin_utils/report/peer_export.py); () where vLLM has no such figure.
+    vllm: Tuple[str, ...] = ()
 
     @property
     def title(self) -> str:
@@ -178,9 +188,10 @@ def _annotation(name: str) -> Tuple[str, bool]:
     return inner, optional
 
 
-def _row_field(name: str, unit: str, header: str, fmt: str, meaning: str) -> LevelField:
+def _row_field(name: str, unit: str, header: str, fmt: str, meaning: str,
+               vllm: Tuple[str, ...] = ()) -> LevelField:
     kind, optional = _annotation(name)
-    return LevelField(name, unit, header, fmt, meaning, kind, optional, server=False)
+    return LevelField(name, unit, header, fmt, meaning, kind, optional, server=False, vllm=vllm)
 
 
 def _server_field(name: str, unit: str, header: str, fmt: str, meaning: str) -> LevelField:
@@ -188,6 +199,9 @@ def _server_field(name: str, unit: str, header: str, fmt: str, meaning: str) -> 
 
 
 _WINDOW = "over the window requests that succeeded"
+# numpy.std's default (ddof=0), as vLLM's benchmark_serving computes its std_*_ms columns.
+_STD = ("population standard deviation (divisor n: numpy.std's default ddof=0, as vLLM's "
+        "std_*_ms) " + _WINDOW)
 
 FIELDS: Tuple[LevelField, ...] = (
     # --- the contract's columns (results.LEVEL_COLUMNS), in their order ---
@@ -199,9 +213,11 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("requests", "", "requests", "d",
                "window requests: sent inside the measurement window (cancelled tail excluded)"),
     _row_field("errors", "", "errors", "d", "window requests that failed"),
-    _row_field("window_s", "s", "window", ".1f", "length of the measurement window"),
+    _row_field("window_s", "s", "window", ".1f", "length of the measurement window",
+               vllm=("duration",)),
     _row_field("output_tok_s", "tok/s", "output", ".1f",
-               "generated tokens that arrived inside the window / window length"),
+               "generated tokens that arrived inside the window / window length",
+               vllm=("output_throughput",)),
     _row_field("output_tok_s_ci95", "tok/s", "CI95", ".1f",
                "95% confidence half-width of output tok/s: over one level's window by batch "
                "means; for the mean of a level's repeats (the report's summary row) across the "
@@ -209,22 +225,35 @@ FIELDS: Tuple[LevelField, ...] = (
                "combined"),
     _row_field("total_tok_s", "tok/s", "total", ".1f",
                "output tokens plus the prompt tokens of requests whose first token arrived "
-               "inside the window, / window length"),
-    _row_field("request_s", "request/s", "throughput", ".2f", "window requests / window length"),
-    _row_field("ttft_p50_ms", "ms", "TTFT p50", ".1f", "time to first token, median " + _WINDOW),
-    _row_field("ttft_p90_ms", "ms", "TTFT p90", ".1f", "time to first token, p90 " + _WINDOW),
-    _row_field("ttft_p99_ms", "ms", "TTFT p99", ".1f", "time to first token, p99 " + _WINDOW),
+               "inside the window, / window length",
+               vllm=("total_token_throughput",)),
+    _row_field("request_s", "request/s", "throughput", ".2f", "window requests / window length",
+               vllm=("request_throughput",)),
+    _row_field("ttft_p50_ms", "ms", "TTFT p50", ".1f", "time to first token, median " + _WINDOW,
+               vllm=("median_ttft_ms", "p50_ttft_ms")),
+    _row_field("ttft_p90_ms", "ms", "TTFT p90", ".1f", "time to first token, p90 " + _WINDOW,
+               vllm=("p90_ttft_ms",)),
+    _row_field("ttft_p99_ms", "ms", "TTFT p99", ".1f", "time to first token, p99 " + _WINDOW,
+               vllm=("p99_ttft_ms",)),
     _row_field("tpot_p50_ms", "ms", "TPOT p50", ".1f",
-               "(t_last - t_first) / (completion_tokens - 1), median " + _WINDOW),
-    _row_field("tpot_p90_ms", "ms", "TPOT p90", ".1f", "time per output token, p90 " + _WINDOW),
-    _row_field("tpot_p99_ms", "ms", "TPOT p99", ".1f", "time per output token, p99 " + _WINDOW),
+               "(t_last - t_first) / (completion_tokens - 1), median " + _WINDOW,
+               vllm=("median_tpot_ms", "p50_tpot_ms")),
+    _row_field("tpot_p90_ms", "ms", "TPOT p90", ".1f", "time per output token, p90 " + _WINDOW,
+               vllm=("p90_tpot_ms",)),
+    _row_field("tpot_p99_ms", "ms", "TPOT p99", ".1f", "time per output token, p99 " + _WINDOW,
+               vllm=("p99_tpot_ms",)),
     _row_field("itl_p50_ms", "ms", "ITL p50", ".1f",
-               "inter-token latency per token (a k-token chunk counts k gaps of gap/k), median"),
-    _row_field("itl_p99_ms", "ms", "ITL p99", ".1f", "inter-token latency, p99"),
-    _row_field("e2e_p50_ms", "ms", "E2E p50", ".1f", "send to last token, median " + _WINDOW),
-    _row_field("e2e_p99_ms", "ms", "E2E p99", ".1f", "send to last token, p99 " + _WINDOW),
+               "inter-token latency per token (a k-token chunk counts k gaps of gap/k), median",
+               vllm=("median_itl_ms", "p50_itl_ms")),
+    _row_field("itl_p99_ms", "ms", "ITL p99", ".1f", "inter-token latency, p99",
+               vllm=("p99_itl_ms",)),
+    _row_field("e2e_p50_ms", "ms", "E2E p50", ".1f", "send to last token, median " + _WINDOW,
+               vllm=("median_e2el_ms", "p50_e2el_ms")),
+    _row_field("e2e_p99_ms", "ms", "E2E p99", ".1f", "send to last token, p99 " + _WINDOW,
+               vllm=("p99_e2el_ms",)),
     _row_field("goodput_request_s", "request/s", "goodput", ".2f",
-               "window requests that met every given SLO / window length; none without an SLO"),
+               "window requests that met every given SLO / window length; none without an SLO",
+               vllm=("request_goodput",)),
     _row_field("client_limited", "", "client-limited", "",
                "a client process used >= 90% of a core, its loop-lag p99 was >= 2 ms, or the "
                "bench side (clients, module, Ansible) used >= 90% of its CPUs: the figures may "
@@ -241,11 +270,28 @@ FIELDS: Tuple[LevelField, ...] = (
                "token: per-token ITL; chunk: per chunk (the server sent no per-chunk counts)"),
     _row_field("tokens_source", "", "tokens source", "",
                "server: the server's token counts; chunks: counted by the client (fallback)"),
-    _row_field("ttft_mean_ms", "ms", "TTFT mean", ".1f", "time to first token, mean"),
-    _row_field("tpot_mean_ms", "ms", "TPOT mean", ".1f", "time per output token, mean"),
-    _row_field("itl_mean_ms", "ms", "ITL mean", ".1f", "inter-token latency, token-weighted mean"),
-    _row_field("itl_p90_ms", "ms", "ITL p90", ".1f", "inter-token latency, p90"),
-    _row_field("e2e_p90_ms", "ms", "E2E p90", ".1f", "send to last token, p90"),
+    _row_field("ttft_mean_ms", "ms", "TTFT mean", ".1f", "time to first token, mean",
+               vllm=("mean_ttft_ms",)),
+    _row_field("tpot_mean_ms", "ms", "TPOT mean", ".1f", "time per output token, mean",
+               vllm=("mean_tpot_ms",)),
+    _row_field("itl_mean_ms", "ms", "ITL mean", ".1f", "inter-token latency, token-weighted mean",
+               vllm=("mean_itl_ms",)),
+    _row_field("itl_p90_ms", "ms", "ITL p90", ".1f", "inter-token latency, p90",
+               vllm=("p90_itl_ms",)),
+    _row_field("e2e_p90_ms", "ms", "E2E p90", ".1f", "send to last token, p90",
+               vllm=("p90_e2el_ms",)),
+    _row_field("e2e_mean_ms", "ms", "E2E mean", ".1f",
+               "send to last token, mean " + _WINDOW + " (vLLM's mean_e2el_ms)",
+               vllm=("mean_e2el_ms",)),
+    _row_field("ttft_std_ms", "ms", "TTFT SD", ".1f", "time to first token, " + _STD,
+               vllm=("std_ttft_ms",)),
+    _row_field("tpot_std_ms", "ms", "TPOT SD", ".1f", "time per output token, " + _STD,
+               vllm=("std_tpot_ms",)),
+    _row_field("itl_std_ms", "ms", "ITL SD", ".1f",
+               "inter-token latency, token-weighted " + _STD,
+               vllm=("std_itl_ms",)),
+    _row_field("e2e_std_ms", "ms", "E2E SD", ".1f", "send to last token, " + _STD,
+               vllm=("std_e2el_ms",)),
     _row_field("ci_batches", "", "CI batches", "d", "batches the window was cut into for CI95"),
     _row_field("run_s", "s", "run", ".1f", "whole level: first send to last token"),
     _row_field("run_requests", "", "run requests", "d",
@@ -311,6 +357,10 @@ FIELDS: Tuple[LevelField, ...] = (
                "taken on other machines (GPU telemetry)"),
     _row_field("window_end_unix_ns", "ns", "window end (wall clock)", "d",
                "window end on the bench client's wall clock (Unix epoch)"),
+    _row_field("date", "", "date", "",
+               "when the level was measured: its window start, UTC, as YYYYMMDD-HHMMSS (the "
+               "format of vLLM's result `date`, which is in the bench client's local time)",
+               vllm=("date",)),
     _row_field("stop_reason", "", "stop reason", "",
                "why the level ended: %s" % ", ".join((STOP_WINDOW_COMPLETE, STOP_LEVEL_TIMEOUT,
                                                       STOP_SERVER_FAILING, STOP_ABORTED))),
@@ -373,19 +423,35 @@ SUMMARY_FIELDS: Tuple[LevelField, ...] = (
 FIELD: Dict[str, LevelField] = {f.name: f for f in FIELDS + SUMMARY_FIELDS}
 
 # levels.csv: the contract's columns first (consumers rely on their order), then the other row
-# fields in FIELDS order, then the server figures a run has (csv_columns).
+# fields in FIELDS order, then every server figure (csv_columns).
 EXTRA_COLUMNS: Tuple[str, ...] = tuple(
     f.name for f in FIELDS if not f.server and f.name not in LEVEL_COLUMNS)
 ROW_COLUMNS: Tuple[str, ...] = tuple(LEVEL_COLUMNS) + EXTRA_COLUMNS
+# One column set for every run, whatever it measured (a server without /metrics, no GPU
+# telemetry): a figure not measured is an empty cell, never a missing column, so two runs'
+# exports line up column for column (pandas.concat, a spreadsheet, a diff).
+FIXED_COLUMNS: Tuple[str, ...] = ROW_COLUMNS + tuple(f.name for f in FIELDS if f.server)
 
 
 def csv_columns(server_names: Iterable[str] = ()) -> List[str]:
-    """levels.csv's header for rows whose server_metrics hold `server_names`: ROW_COLUMNS, then
-    those server figures in FIELDS order, then any the field table does not know, sorted (kept
-    rather than dropped: a newer server figure must not vanish from the export)."""
-    present = set(server_names)
-    known = [f.name for f in FIELDS if f.server and f.name in present]
-    return list(ROW_COLUMNS) + known + sorted(present - set(known))
+    """levels.csv's header: FIXED_COLUMNS, then any of `server_names` (the server figures the
+    rows hold) the field table does not know, sorted (kept rather than dropped: a figure a newer
+    version wrote must not vanish from the export). Every figure loadgen/server_metrics.py
+    makes has a field (tests/unit/test_results_levels.py), so a run's header is FIXED_COLUMNS."""
+    return list(FIXED_COLUMNS) + sorted(set(server_names) - set(FIXED_COLUMNS))
+
+
+# vLLM's result `date` format (benchmark_serving: datetime.now().strftime), written in UTC here.
+DATE_FORMAT = "%Y%m%d-%H%M%S"
+
+
+def level_date(window_start_unix_ns) -> Optional[str]:
+    """The `date` of a level from its window start on the wall clock (None: not known)."""
+    if isinstance(window_start_unix_ns, bool) or not isinstance(window_start_unix_ns, (int, float)):
+        return None
+    if not math.isfinite(window_start_unix_ns) or window_start_unix_ns <= 0:
+        return None
+    return time.strftime(DATE_FORMAT, time.gmtime(window_start_unix_ns / 1e9))
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,6 +494,10 @@ LAYOUTS: Dict[str, Tuple[Cell, ...]] = {
                    Cell(("output_tok_s_min", "output_tok_s_max"), QUANTILES),
                    Cell(("ttft_p50_ms",)), Cell(("tpot_p50_ms",))),
 }
+
+
+# vLLM's result key -> the field holding that figure (several keys may name one field).
+VLLM_KEYS: Dict[str, str] = {key: f.name for f in FIELDS for key in f.vllm}
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ host it ran on.
 Error texts are redacted as the report's are (a server's error body may quote a header or its
 own arguments): the secrets the manifest holds and every value a text marks as secret.
 
-Controller only (pandas, pyarrow): bench_report writes these beside report.html.
+Controller only (pandas, pyarrow): bench_report writes these beside report.html; llm_bench writes
+the two Parquet files after each level too (parquet_files, plugin_utils/run_exports.py).
 """
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ except ImportError:  # pragma: no cover - checked by the action plugin
 from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_text
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     FIELD,
-    FIELDS,
     KIND_BOOL,
     KIND_FLOAT,
     KIND_INT,
     KIND_STR,
     ROW_COLUMNS,
+    csv_columns,
+    level_date,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.describing import describe
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.peer_export import peer_files
@@ -95,6 +97,8 @@ def _described(rows: list, manifest: dict, run_id: str, secrets=frozenset()) -> 
     for row in rows:
         flat = {k: v for k, v in row.items() if k != "server_metrics"}
         flat.update(row.get("server_metrics") or {})
+        if flat.get("date") is None:    # a level measured before rows had their date
+            flat["date"] = level_date(flat.get("window_start_unix_ns"))
         key = (str(row.get("host")), str(row.get("profile")))
         extra = dict(blank, run_id=run_id)
         extra.update({k: v for k, v in known.get(key, {}).items() if v is not None})
@@ -103,12 +107,13 @@ def _described(rows: list, manifest: dict, run_id: str, secrets=frozenset()) -> 
 
 
 def level_columns(rows: list) -> list:
-    """Describing columns, then the row's (ROW_COLUMNS order), then the server figures present."""
-    names = [name for name, _kind, _meaning in DESCRIBING] + list(ROW_COLUMNS)
+    """Describing columns, then levels.csv's (csv_columns: the same columns for every run, in
+    the same order, whatever it measured), then any the rows hold that neither defines, sorted
+    (an older or hand-made levels.csv's own columns, e.g. `status`)."""
+    names = [name for name, _kind, _meaning in DESCRIBING] + csv_columns(
+        k for row in rows for k in row if k.startswith("server_"))
     present = {k for row in rows for k in row}
-    server = [f.name for f in FIELDS if f.server and f.name in present]
-    other = sorted(present - set(names) - set(server))
-    return names + server + other
+    return names + sorted(present - set(names))
 
 
 def _kind(name: str) -> str:
@@ -185,6 +190,43 @@ def _json_value(value):
     return value
 
 
+def _request_records(request_files: list, secrets) -> list:
+    records = []
+    for path in request_files:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip():
+                        try:
+                            record = json.loads(line)
+                        except ValueError:
+                            continue
+                        if isinstance(record, dict):
+                            # Written before repeats existed: its level's only measurement.
+                            record.setdefault("repeat", 1)
+                            records.append(_redacted(record, REQUEST_TEXTS, secrets))
+        except FileNotFoundError:
+            continue
+    return records
+
+
+def _requests_parquet(request_files: list, secrets) -> bytes:
+    return _parquet(_typed_frame(_request_records(request_files, secrets),
+                                 [n for n, _k in REQUEST_COLUMNS], dict(REQUEST_COLUMNS)))
+
+
+def parquet_files(rows: list, request_files: list, manifest: dict, run_id: str) -> dict:
+    """levels.parquet and requests.parquet alone, as export_files writes them: what llm_bench
+    writes after each level (plugin_utils/run_exports.py), so a run measured without the report
+    step has them too."""
+    secrets = collect_secrets(manifest)
+    described = _described(rows, manifest, run_id, secrets)
+    columns = level_columns(described)
+    kinds = {name: _kind(name) for name in columns}
+    return {LEVELS_PARQUET: _parquet(_typed_frame(described, columns, kinds)),
+            REQUESTS_PARQUET: _requests_parquet(request_files, secrets)}
+
+
 def export_files(rows: list, request_files: list, manifest: dict, run_id: str) -> dict:
     """relative path -> bytes of every export (deterministic bytes: a rebuild of the same run
     writes nothing new)."""
@@ -205,25 +247,7 @@ def export_files(rows: list, request_files: list, manifest: dict, run_id: str) -
         LEVELS_JSON: (json.dumps(document, indent=1, sort_keys=False) + "\n").encode("utf-8"),
         LEVELS_SCHEMA: (json.dumps(schema, indent=1) + "\n").encode("utf-8"),
         LEVELS_PARQUET: _parquet(_typed_frame(described, columns, kinds)),
+        REQUESTS_PARQUET: _requests_parquet(request_files, secrets),
     }
-    records = []
-    for path in request_files:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    if line.strip():
-                        try:
-                            record = json.loads(line)
-                        except ValueError:
-                            continue
-                        if isinstance(record, dict):
-                            # Written before repeats existed: its level's only measurement.
-                            record.setdefault("repeat", 1)
-                            records.append(_redacted(record, REQUEST_TEXTS, secrets))
-        except FileNotFoundError:
-            continue
-    request_kinds = dict(REQUEST_COLUMNS)
-    files[REQUESTS_PARQUET] = _parquet(
-        _typed_frame(records, [n for n, _k in REQUEST_COLUMNS], request_kinds))
     files.update(peer_files(rows, request_files, manifest, run_id))
     return files

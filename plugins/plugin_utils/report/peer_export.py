@@ -12,9 +12,11 @@ would name for it: the serve setting is the host and profile, the bench setting 
 --num-runs` lists its runs.
 
 Only servelab's own figures are written, under vLLM's names and in its units (both are ms and
-tok/s, so nothing is rescaled); what servelab does not measure is left out, never made up (std
-of the latencies, the E2E mean, vLLM's one-second peak output rate). Levels with no output rate
-are left out, as `sweep serve` leaves out a combination without a successful run.
+tok/s, so nothing is rescaled): the names are the field table's (results/levels.py, each field's
+`vllm`), the latencies' std included (population std, numpy.std's default, as vLLM's), and `date`
+(the level's window start, in vLLM's format, UTC). What servelab does not measure is left out,
+never made up (vLLM's one-second peak output rate). Levels with no output rate are left out, as
+`sweep serve` leaves out a combination without a successful run.
 
 Controller only: bench_report writes these beside report.html (export.export_files).
 """
@@ -24,6 +26,9 @@ import json
 import math
 import os
 
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    FIELD, KIND_STR, VLLM_KEYS, level_date,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import row_repeat
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
     finite_number as _number,
@@ -33,33 +38,10 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.describing
 PEER_DIR = "vllm_sweep"
 SUMMARY_JSON = "summary.json"
 
-# vLLM's key -> servelab's level field (same unit).
-_FIGURES = (
-    ("duration", "window_s"),
-    ("request_throughput", "request_s"),
-    ("request_goodput", "goodput_request_s"),
-    ("output_throughput", "output_tok_s"),
-    ("total_token_throughput", "total_tok_s"),
-    ("mean_ttft_ms", "ttft_mean_ms"),
-    ("median_ttft_ms", "ttft_p50_ms"),
-    ("p50_ttft_ms", "ttft_p50_ms"),
-    ("p90_ttft_ms", "ttft_p90_ms"),
-    ("p99_ttft_ms", "ttft_p99_ms"),
-    ("mean_tpot_ms", "tpot_mean_ms"),
-    ("median_tpot_ms", "tpot_p50_ms"),
-    ("p50_tpot_ms", "tpot_p50_ms"),
-    ("p90_tpot_ms", "tpot_p90_ms"),
-    ("p99_tpot_ms", "tpot_p99_ms"),
-    ("mean_itl_ms", "itl_mean_ms"),
-    ("median_itl_ms", "itl_p50_ms"),
-    ("p50_itl_ms", "itl_p50_ms"),
-    ("p90_itl_ms", "itl_p90_ms"),
-    ("p99_itl_ms", "itl_p99_ms"),
-    ("median_e2el_ms", "e2e_p50_ms"),
-    ("p50_e2el_ms", "e2e_p50_ms"),
-    ("p90_e2el_ms", "e2e_p90_ms"),
-    ("p99_e2el_ms", "e2e_p99_ms"),
-)
+# vLLM's key -> servelab's level field (same unit): the field table's `vllm` names (levels.py),
+# the figures, plus `date` (text: when the level was measured, vLLM's format).
+_FIGURES = tuple((key, name) for key, name in VLLM_KEYS.items() if FIELD[name].kind != KIND_STR)
+_TEXTS = tuple((key, name) for key, name in VLLM_KEYS.items() if FIELD[name].kind == KIND_STR)
 
 # servelab fields carried under their own names, to filter or group by (--filter-by, --curve-by).
 _CARRIED = ("host", "profile", "load_mode", "client_limited", "window_complete", "itl_basis",
@@ -103,6 +85,11 @@ def vllm_record(row: dict, described: dict) -> dict:
         record[name] = None if isinstance(value, float) and math.isnan(value) else value
     for key, name in _FIGURES:
         record[key] = _number(row.get(name))
+    for key, name in _TEXTS:
+        value = row.get(name)
+        record[key] = value if isinstance(value, str) and value else None
+    if record.get("date") is None:      # a level measured before rows had their date
+        record["date"] = level_date(row.get("window_start_unix_ns"))
     window = _number(row.get("window_s"))
     output = _number(row.get("output_tok_s"))
     total = _number(row.get("total_tok_s"))
