@@ -121,7 +121,11 @@ def test_sweep_writes_parts_levels_and_requests(tmp_path):
     for lv in levels:
         assert lv["ansible_cpu_s"] != "" and float(lv["ansible_cpu_s"]) >= 0
         assert float(lv["module_cpu_s"]) > 0 and float(lv["client_cpu_s"]) > 0
-        assert lv["rx_timestamps"] == "kernel" and int(lv["latency_samples"]) >= 1
+        # Filled in: "kernel", or "user" where one read's stamp was refused (an age out of range
+        # under a starved VM's clock: the level is then labelled conservatively; it read "user"
+        # once in the no-reap tier). That plain TCP gets the kernel's stamps is
+        # tests/unit/test_loadgen_rx_stamps.py's job.
+        assert lv["rx_timestamps"] in ("kernel", "user") and int(lv["latency_samples"]) >= 1
     records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
     assert {r["concurrency"] for r in records} == {1, 3}
     ok = [r for r in records if r["error"] is None]
