@@ -171,6 +171,25 @@ def _run_pair(tmp_path, extravars):
                               extravars=extravars, envvars=env, quiet=True, timeout=600)
 
 
+def _run_pair_while_held(tmp_path, extravars, resources, failed_event):
+    """bench.yml with the pair profile while this test (a live controller) holds `resources` for
+    a run "first-run": returns (output, {failed task: its message}) of the refused run."""
+    first = lock.acquire(lock.default_lock_dir(), resources, "first-run", lock.Controller.of_pid(os.getpid()))
+    assert first.written
+    try:
+        r = _run_pair(tmp_path, extravars)
+    finally:
+        for record in first.written:
+            os.remove(record.path)
+    out = r.stdout.read()
+    assert r.rc != 0, out[-3000:]
+    failed = {e["event_data"].get("task"): e["event_data"]["res"].get("msg", "")
+              for e in r.events if e.get("event") == failed_event}
+    started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
+    assert not [t for t in started if t and t.startswith("Start the ranks")]
+    return out, failed
+
+
 def _refused_run(tmp_path, held_address, which):
     """bench.yml with the pair profile while a socket of this test listens on `held_address`
     (which: the port extravar to listen on): returns (runner, extravars)."""
@@ -210,26 +229,14 @@ def test_a_second_run_on_rank_0s_dist_init_port_is_refused_by_the_run_lock(tmp_p
     """The dist-init port is locked with rank 0's run (lock.yml extra_ports): a run that holds
     it (here this test, a live controller) refuses a second one at its lock, before any rank."""
     extravars = _pair_vars()
-    first = lock.acquire(lock.default_lock_dir(), lock.task_resources(
+    out, failed = _run_pair_while_held(tmp_path, extravars, lock.task_resources(
         {"state_dir": None, "port": extravars["bench_dist_init_port"], "extra_ports": []},
-        lock.default_lock_dir()), "first-run", lock.Controller.of_pid(os.getpid()))
-    assert first.written
-    try:
-        r = _run_pair(tmp_path, extravars)
-    finally:
-        for record in first.written:
-            os.remove(record.path)
-    out = r.stdout.read()
-    assert r.rc != 0, out[-3000:]
-    failed = {e["event_data"].get("task"): e["event_data"]["res"].get("msg", "")
-              for e in r.events if e.get("event") == "runner_on_failed"}
+        lock.default_lock_dir()), "runner_on_failed")
     msg = failed.get("Hold the server state directory and port for this run", "")
     assert ("port %d on node-a (the multi-node dist-init port, bench_dist_init_port) is in use by run "
             "first-run" % extravars["bench_dist_init_port"]) in msg, (failed, out[-3000:])
     assert "server port %d" % extravars["bench_dist_init_port"] not in msg
     assert "bench_dist_init_port" in msg.rsplit("give this run another", 1)[-1]
-    started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
-    assert not [t for t in started if t and t.startswith("Start the ranks")]
 
 
 def test_a_second_run_on_a_rank_hosts_state_directory_is_refused_and_a_run_releases_it(tmp_path):
@@ -245,23 +252,11 @@ def test_a_second_run_on_a_rank_hosts_state_directory_is_refused_and_a_run_relea
         "kind": "synthetic", "input_tokens": 64, "output_tokens": 32, "count": 8})
     state_b = str(tmp_path / "servers-b")
     os.makedirs(state_b)
-    first = lock.acquire(lock.default_lock_dir(), [lock.state_dir_resource(state_b)], "first-run",
-                         lock.Controller.of_pid(os.getpid()))
-    assert first.written
-    try:
-        r = _run_pair(tmp_path, extravars)
-    finally:
-        for record in first.written:
-            os.remove(record.path)
-    out = r.stdout.read()
-    assert r.rc != 0, out[-3000:]
-    failed = {e["event_data"].get("task"): e["event_data"]["res"].get("msg", "")
-              for e in r.events if e.get("event") == "runner_item_on_failed"}
+    out, failed = _run_pair_while_held(tmp_path, extravars, [lock.state_dir_resource(state_b)],
+                                       "runner_item_on_failed")
     msg = failed.get("Hold the other ranks' state directory and port on their hosts", "")
     assert "the server state directory %s on node-b is in use by run first-run" % os.path.realpath(state_b) in msg, (
         failed, out[-3000:])
-    started = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_ok"]
-    assert not [t for t in started if t and t.startswith("Start the ranks")]
 
     # Free: the next run takes node-b's lock (its record names node-b) and leaves none behind.
     seen = []
