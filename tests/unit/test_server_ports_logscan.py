@@ -62,3 +62,9 @@ def test_a_clean_log_and_other_engines_report_nothing(tmp_path):
     log.write_text(SGLANG_TP2_LOG)
     assert len(scan_log(str(log), "sglang").features_skipped) == 2
     assert scan_log(str(tmp_path / "missing.log"), "sglang").features_skipped == []
+
+
+def test_describe_folds_a_command_lines_newlines_into_one_line():
+    """`python3 -c "<code over lines>"` holding the port: the preflight's message stays one line."""
+    line = server_ports.describe({4242: "python3 -c \nimport socket\n\ts.bind(('127.0.0.1', 1))"})[0]
+    assert line == "pid 4242 (python3 -c import socket s.bind(('127.0.0.1', 1)))"

@@ -60,4 +60,6 @@ def listeners(port: int) -> Dict[int, str]:
 
 
 def describe(holders: Dict[int, str]) -> List[str]:
-    return [f"pid {pid} ({cmd[:120] or '?'})" for pid, cmd in sorted(holders.items())]
+    """One line per holder: a command line's own newlines and tabs (`python -c` code) are folded
+    to spaces, so the message stays one line per problem."""
+    return [f"pid {pid} ({' '.join(cmd.split())[:120] or '?'})" for pid, cmd in sorted(holders.items())]
