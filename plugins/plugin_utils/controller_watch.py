@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from typing import Iterator
+
+from ansible_collections.servelab.serving.plugins.plugin_utils.ticker import ticking
 
 POLL_S = 0.2
 # EX_TEMPFAIL: nobody reads it, but a process list or a core pattern may.
@@ -38,20 +39,14 @@ class ControllerWatch:
     @contextlib.contextmanager
     def exit_when_gone(self, what: str, poll_s: float = POLL_S) -> Iterator[None]:
         """While the block runs, end this process as soon as ansible-playbook is gone."""
-        done = threading.Event()
 
-        def watch() -> None:
-            while not done.wait(poll_s):
-                if self.gone():
-                    self.exit(what)
+        def watch() -> bool:
+            if self.gone():
+                self.exit(what)
+            return True
 
-        thread = threading.Thread(target=watch, name="servelab-controller-watch", daemon=True)
-        thread.start()
-        try:
+        with ticking(poll_s, watch, "servelab-controller-watch"):
             yield
-        finally:
-            done.set()
-            thread.join(1.0)
         if self.gone():          # between the last poll and the block's end
             self.exit(what)
 

@@ -15,11 +15,11 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 from typing import Callable, Iterator, Mapping, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.live import read_live
 from ansible_collections.servelab.serving.plugins.plugin_utils.progress import live_line
+from ansible_collections.servelab.serving.plugins.plugin_utils.ticker import ticking
 
 INTERVAL_ENV = "SERVELAB_LEVEL_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S = 5.0
@@ -59,27 +59,22 @@ class LiveWatch:
         the previous level's file is removed first)."""
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-        done = threading.Event()
+        last = None
 
-        def run() -> None:
-            last = None
-            while not done.wait(self.interval):
-                record = read_live(self.path)
-                if record is None or record == last:
-                    continue
-                last = record
-                try:
-                    self.say(live_line(where, record))
-                except Exception:  # noqa: BLE001 - a progress line never stops a level
-                    return
+        def tick() -> bool:
+            nonlocal last
+            record = read_live(self.path)
+            if record is None or record == last:
+                return True
+            last = record
+            try:
+                self.say(live_line(where, record))
+            except Exception:  # noqa: BLE001 - a progress line never stops a level
+                return False
+            return True
 
-        thread = threading.Thread(target=run, name="servelab-live-watch", daemon=True)
-        thread.start()
-        try:
+        with ticking(self.interval, tick, "servelab-live-watch"):
             yield
-        finally:
-            done.set()
-            thread.join(1.0)
 
 
 def live_watch(connection, say: Callable[[str], None],
