@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
-    PARTS_DIR, atomic_write_bytes,
+    PARTS_DIR, write_if_changed,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
 from ansible_collections.servelab.serving.plugins.plugin_utils import controller_requirements
@@ -67,15 +67,8 @@ def write_parquet_exports(run_dir: str,
                               manifest, run_id)
         outcome = ParquetOutcome()
         for rel, data in sorted(files.items()):
-            path = os.path.join(run_dir, rel)
-            try:
-                with open(path, "rb") as fh:
-                    if fh.read() == data:
-                        continue
-            except FileNotFoundError:
-                pass
-            atomic_write_bytes(path, data)
-            outcome.written.append(rel)
+            if write_if_changed(os.path.join(run_dir, rel), data):
+                outcome.written.append(rel)
         return outcome
     except Exception as exc:  # noqa: BLE001 - an export never fails a measured level
         return ParquetOutcome(note="levels.parquet and requests.parquet not written: %s: %s"

@@ -76,5 +76,20 @@ def atomic_write_chunks(path: str, chunks: Iterable[Union[str, bytes]], mode: in
         raise
 
 
+def write_if_changed(path: str, data: bytes, check_mode: bool = False) -> bool:
+    """atomic_write_bytes unless `path` already holds exactly `data` (a rerun of the report or
+    the exports rewrites nothing it would not change); whether the file differs. `check_mode`:
+    only say so."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read() == data:
+                return False
+    except FileNotFoundError:
+        pass
+    if not check_mode:
+        atomic_write_bytes(path, data)
+    return True
+
+
 def atomic_write_json(path: str, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

@@ -8,10 +8,8 @@ Importable alone (pandas + matplotlib on the controller); the action plugin is a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
@@ -47,6 +45,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.contract 
     PLOTS_DIR,
     REPORT_HTML,
     SUMMARY,
+    write_if_changed,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     PartError,
@@ -288,24 +287,6 @@ def build_report(
     )
 
 
-def _atomic_write_bytes(path: str, data: bytes) -> None:
-    """Readers see the old file or the new one, never a torn one (temp file + rename)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def _levels_csv_with_telemetry(report: ReportResult, check_mode: bool) -> list:
     """levels.csv with the GPU telemetry columns filled, rebuilt from the parts under the run's
     lock (llm_bench's rebuild takes the same lock; a level llm_bench adds later rebuilds the file
@@ -321,16 +302,7 @@ def _levels_csv_with_telemetry(report: ReportResult, check_mode: bool) -> list:
             rows = [row for row, _jsonl in read_parts(parts_dir)]
             for row in rows:
                 row.update(report.telemetry.get(part_stem(row), {}))
-            data = levels_csv(rows).encode("utf-8")
-            try:
-                with open(path, "rb") as fh:
-                    if fh.read() == data:
-                        return []
-            except FileNotFoundError:
-                pass
-            if not check_mode:
-                _atomic_write_bytes(path, data)
-            return [LEVELS]
+            return [LEVELS] if write_if_changed(path, levels_csv(rows).encode("utf-8"), check_mode) else []
     except (ManifestError, PartError, OSError) as exc:
         report.warnings.append(f"{LEVELS} not rewritten with the GPU telemetry columns ({exc}); "
                                "they are in levels.json and levels.parquet")
@@ -345,16 +317,8 @@ def write_report(report: ReportResult, check_mode: bool = False) -> list:
     """
     changed = []
     for rel, data in sorted(report.files.items()):
-        path = os.path.join(report.results_dir, rel)
-        try:
-            with open(path, "rb") as fh:
-                if fh.read() == data:
-                    continue
-        except FileNotFoundError:
-            pass
-        changed.append(rel)
-        if not check_mode:
-            _atomic_write_bytes(path, data)
+        if write_if_changed(os.path.join(report.results_dir, rel), data, check_mode):
+            changed.append(rel)
     for name in PLOT_FILES:
         rel = os.path.join(PLOTS_DIR, name)
         path = os.path.join(report.results_dir, rel)
