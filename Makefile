@@ -16,7 +16,8 @@ bench: setup
 
 # The test tiers (README "Tests"); each selects by marker (pyproject.toml), none by folder.
 #   test              the fast tier: unit tests and the integration tests marked `core`
-#   test-integration  every playbook-level test (tests/integration)
+#   test-integration  every playbook-level test (tests/integration), the third-party servers
+#                     (marker thirdparty: transformers serve on the CPU) included
 #   test-lab          the LXC test lab (root)
 #   test-all          everything, the lab included: what .ci/run runs
 # pytest-xdist runs the tests in TEST_WORKERS processes (`0`: in this process); the lab, the root
@@ -26,7 +27,7 @@ bench: setup
 # simulator's timed levels), not on a CPU; on 2 cores 3 workers ran the fast tier in 3.5 min
 # against 5 min with 2.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
-FAST_TIER := (core or not (integration or lab or gpu)) and not (haproxy or root)
+FAST_TIER := (core or not (integration or lab or gpu)) and not (haproxy or root or thirdparty)
 pytest = python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
