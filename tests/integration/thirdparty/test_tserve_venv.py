@@ -54,7 +54,7 @@ def test_built_once_then_up_to_date_then_rebuilt_when_the_pins_change_or_it_neve
 def test_concurrent_callers_share_one_build(tmp_path, reqs):
     results = []
     threads = [threading.Thread(target=lambda: results.append(_ensure(tmp_path, reqs)))
-               for _ in range(2)]
+               for _caller in range(2)]
     for t in threads:
         t.start()
     for t in threads:
