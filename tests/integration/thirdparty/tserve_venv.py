@@ -114,7 +114,10 @@ def ensure(venv: str = VENV, force: bool = False, python: str = "",
         shutil.rmtree(venv, ignore_errors=True)
         _run("creating the venv", [python, "-m", "venv", venv])
         # --no-deps: the file is the whole set; --only-binary: nothing is built from source here.
-        _run("pip install -r %s" % requirements,
+        # torch==2.13.0+cpu is on no PyPI page: PIP_FIND_LINKS (/opt/wheels on the project's
+        # machines) or PyTorch's CPU index (PIP_EXTRA_INDEX_URL) must offer it.
+        _run("pip install -r %s (the CPU torch: PIP_FIND_LINKS or PyTorch's CPU index as "
+             "PIP_EXTRA_INDEX_URL)" % requirements,
              [venv_python(venv), "-m", "pip", "install", "-q", "--disable-pip-version-check",
               "--no-deps", "--only-binary=:all:", "-r", requirements])
         _run("pip check (a dependency missing from the pins, or a conflict)",
