@@ -10,13 +10,15 @@ STAMP := $(VENV)/.servelab-stamp
 COLL_STAMP := collections/.servelab-stamp
 LINT_STAMP := $(VENV)/.servelab-lint-stamp
 
-.PHONY: bench test test-integration test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint docs docs-plugins changelog clean
+.PHONY: bench test test-integration test-thirdparty test-lab test-all test-noreap test-gpu setup lab-test gpu-test lint docs docs-plugins changelog clean
 bench: setup
 	ansible-playbook bench.yml $(ARGS)
 
 # The test tiers (README "Tests"); each selects by marker (pyproject.toml), none by folder.
 #   test              the fast tier: unit tests and the integration tests marked `core`
-#   test-integration  every playbook-level test (tests/integration)
+#   test-integration  every playbook-level test (tests/integration), the third-party servers
+#                     (marker thirdparty: transformers serve on the CPU) included
+#   test-thirdparty   only those third-party servers
 #   test-lab          the LXC test lab (root)
 #   test-all          everything, the lab included: what .ci/run runs
 # pytest-xdist runs the tests in TEST_WORKERS processes (`0`: in this process); the lab, the root
@@ -26,7 +28,7 @@ bench: setup
 # simulator's timed levels), not on a CPU; on 2 cores 3 workers ran the fast tier in 3.5 min
 # against 5 min with 2.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
-FAST_TIER := (core or not (integration or lab or gpu)) and not (haproxy or root)
+FAST_TIER := (core or not (integration or lab or gpu)) and not (haproxy or root or thirdparty)
 pytest = python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
@@ -39,6 +41,11 @@ test: setup
 
 test-integration: setup
 	$(call pytest,-m integration $(XDIST) tests)
+
+# Only the third-party servers (part of test-integration): transformers serve from PyPI on the CPU,
+# in its own venv (.cache/thirdparty/, built on first use from tests/integration/thirdparty's pins).
+test-thirdparty: setup
+	$(call pytest,-m thirdparty $(XDIST) tests)
 
 test-lab: setup
 	$(call pytest,-m lab tests)

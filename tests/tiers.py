@@ -5,13 +5,18 @@ real `pytest -n 2 --dist loadgroup`.
 Tiers (pyproject.toml's markers; the Makefile's test targets select by marker, never by folder):
 tests/integration -> integration, tests/lab -> lab, tests/gpu -> gpu; tests/unit has none (the
 fast tier). A test marks itself only with what its folder does not say (core, root, pypi,
-haproxy, slow).
+haproxy, thirdparty, slow). `thirdparty` (a real server from PyPI on the CPU, e.g. `transformers
+serve`: tests/integration/thirdparty) is integration by its folder, so `make test-integration` and
+`make test-all` run it; the fast tier leaves it out by name too (the Makefile's FAST_TIER), so a
+`core` mark cannot pull a CPU-bound server into it.
 
 Under `--dist loadgroup` the tests of one xdist_group run in one worker, one after the other:
 - the lab: one set of containers and links per test session (its session fixture would otherwise
   come up once per worker, on the same names);
 - the root tests: their network namespaces, sshd and subnets are picked from what is free on the
   machine at their start;
+- the third-party servers: each is CPU-bound on the machine's few cores; one at a time, beside the
+  other workers' tests, keeps each one's start and levels in their timeouts;
 - a module whose tests share a module- or class-scoped fixture (one bench run read by several
   tests): otherwise that fixture runs once per worker that gets one of them.
 """
@@ -23,7 +28,7 @@ from typing import Iterable, Optional
 import pytest
 
 TIER_BY_FOLDER = {"integration": "integration", "lab": "lab", "gpu": "gpu"}
-SERIAL_GROUP = {"lab": "lab", "root": "netns"}
+SERIAL_GROUP = {"lab": "lab", "root": "netns", "thirdparty": "thirdparty"}
 
 
 def shares_a_module_fixture(item) -> bool:

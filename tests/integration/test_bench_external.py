@@ -138,7 +138,8 @@ def test_an_external_endpoint_is_measured_and_left_alone(tmp_path):
 
 
 # A server that refuses every request field outside the OpenAI API, as transformers serve does
-# (HTTP 422 "Unexpected fields in the request: {'ignore_eos'}").
+# (HTTP 422 "Unexpected fields in the request: {'ignore_eos'}"); the real one from PyPI:
+# tests/integration/thirdparty (marker thirdparty).
 STRICT = os.path.join(REPO, "tests", "unit", "test_loadgen_strict_server.py")
 
 

@@ -83,3 +83,61 @@ def test_groups_hold_under_xdist_and_folders_give_the_tier(tmp_path):
     assert {r["worker"] for r in ran.values()} == {"gw0", "gw1"}, ran
     assert "lab" in ran["lab_0"]["marks"] and "integration" in ran["shared_0"]["marks"]
     assert not {"lab", "integration", "gpu"} & set(ran["free_0"]["marks"])
+
+
+def _make_variable(name: str) -> str:
+    """A `NAME := value` line of the Makefile, as make reads it."""
+    with open(os.path.join(os.path.dirname(TESTS), "Makefile")) as fh:
+        for line in fh:
+            if line.startswith(name + " :="):
+                return line.split(":=", 1)[1].strip()
+    raise AssertionError("no %s in the Makefile" % name)
+
+
+THIRDPARTY = textwrap.dedent("""\
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server():
+        return 1
+
+    @pytest.mark.thirdparty
+    def test_serve(server):
+        pass
+
+    @pytest.mark.thirdparty
+    @pytest.mark.core
+    def test_serve_marked_core_too(server):
+        pass
+    """)
+
+
+def test_thirdparty_is_integration_and_never_the_fast_tier(tmp_path):
+    """A `thirdparty` test (a real server from PyPI on the CPU) under tests/integration is run by
+    `make test-integration` (-m integration), in the one xdist group `thirdparty`, and never by
+    the fast tier's FAST_TIER, not even when it is also marked `core`."""
+    tree = tmp_path / "tree"
+    (tree / "tests" / "integration" / "thirdparty").mkdir(parents=True)
+    (tree / "tests" / "integration" / "thirdparty" / "test_tp.py").write_text(THIRDPARTY)
+    (tree / "conftest.py").write_text(CONFTEST + textwrap.dedent("""
+        def pytest_collection_finish(session):
+            for item in session.items:
+                print("ITEM", item.name, sorted({m.name for m in item.iter_markers()}),
+                      [m.args for m in item.iter_markers("xdist_group")])
+        """))
+    (tree / "pytest.ini").write_text("[pytest]\nmarkers =\n" + "".join(
+        "    %s\n" % m for m in ("lab", "integration", "gpu", "core", "root", "haproxy", "thirdparty")))
+
+    def collect(expr):
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-s", "-p", "no:cacheprovider",
+             "-m", expr, "tests"], cwd=tree, capture_output=True, text=True, timeout=120, check=False)
+
+    fast = collect(_make_variable("FAST_TIER"))
+    assert fast.returncode == 5 and "ITEM" not in fast.stdout, fast.stdout + fast.stderr
+    integration = collect("integration")
+    assert integration.returncode == 0, integration.stdout + integration.stderr
+    items = [line for line in integration.stdout.splitlines() if line.startswith("ITEM")]
+    assert len(items) == 2, integration.stdout
+    for line in items:
+        assert "'integration'" in line and "'thirdparty'" in line and "[('thirdparty',)]" in line, line
