@@ -11,7 +11,7 @@ from collections import deque
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.simulator import (
-    admission, predictor, server,
+    admission, des, predictor, server,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import PROFILES
 
@@ -74,7 +74,7 @@ def test_predictions_are_unchanged_and_admit_through_the_rule(monkeypatch, profi
         calls.append(len(new))
         return new
 
-    monkeypatch.setattr(predictor, "admit", spy)
+    monkeypatch.setattr(des, "admit", spy)          # the engine predict_level runs
     pred = predictor.predict_level(profile, c)
     assert (pred.output_tok_s, pred.ttft_ms, pred.mean_queued) == (tok_s, ttft_ms, queued)
     assert calls and sum(calls) >= 2 * c               # every admission went through the rule
