@@ -13,9 +13,10 @@ import heapq
 from collections import deque
 from typing import Iterator, List, Optional, Tuple
 
-from ansible_collections.servelab.serving.plugins.module_utils.simulator.admission import admit
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.admission import plan_step
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.effects import StepModel
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (
-    SimError, SimProfile, spec_accept_cdf, speculation_on, step_ms, switch_ms,
+    SimError, SimProfile, speculation_on, switch_ms,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.requests import _Draws, overhead_factor
 
@@ -28,7 +29,7 @@ INDEX = 4       # arrival number (1-based), the seed of its draws as on the serv
 PREV = 5        # model ms of its last chunk
 ITL = 6         # {gap / k: weight} of its chunks, or None when not tracked
 LAST = 7        # model ms of its last token
-_FIELDS = 8
+PREFILL = 8     # prompt tokens still to prefill (chunked prefill)
 
 MAX_STEPS = 50_000_000
 
@@ -62,13 +63,14 @@ class Engine:
         if p.mode != "batched":
             raise SimError(f"the discrete-event model runs batched profiles (got mode {p.mode})")
         self.p, self.P, self.O, self.seed = p, prompt_tokens, output_tokens, seed
+        self.model = StepModel(p)
         self.fixed_k = p.tokens_per_chunk
-        self.cdf = (spec_accept_cdf(p.spec_accept_rate, p.spec_num_steps)
-                    if p.speculative and not self.fixed_k else None)
+        self.cdf = self.model.cdf() if p.speculative and not self.fixed_k else None
         self.t = 0.0
         self.pending: List[Tuple[float, int, list]] = []   # heap (t_eligible, index, request)
         self.queue: deque = deque()
-        self.running: List[list] = []
+        self.running: List[list] = []          # decoding
+        self.prefilling: List[list] = []       # admitted, prompt partly prefilled
         self.sent = 0
         self._arrivals = arrivals
         self._next_arrival = float("inf")
@@ -85,7 +87,7 @@ class Engine:
         index = self.sent
         p = self.p
         req = [0, now, 0.0, None if self.cdf is None else _Draws(self.seed, index, self.cdf),
-               index, 0.0, None, 0.0]
+               index, 0.0, None, 0.0, self.P]
         eligible = now + p.request_overhead_ms * overhead_factor(p, self.seed, index)
         heapq.heappush(self.pending, (eligible, index, req))
         if observer is not None:
@@ -100,20 +102,29 @@ class Engine:
     def run(self, observer: Observer) -> None:
         """Step until observer.end_step says stop; SimError if nothing is left to serve first."""
         p, P, O = self.p, self.P, self.O  # noqa: E741 (the model's names)
+        model = self.model
         fixed_k = self.fixed_k
         per_step = fixed_k or 1
         first = min(O, fixed_k or 1)
         pending, queue = self.pending, self.queue
-        running = self.running
+        running, prefilling = self.running, self.prefilling
         t = self.t
         previous_on: Optional[bool] = None
+        need = P + O                               # KV: the prompt and the whole output
+        chunk, pool, mixed = model.chunk, model.kv_pool, model.mixed
 
         def prompt_of(_req: list) -> int:
             return P                               # every request of the workload has P
 
+        def prompt_left(req: list) -> int:
+            return req[PREFILL]
+
+        def kv_need(_req: list) -> int:
+            return need
+
         for _step in range(MAX_STEPS):
             self._arrive_until(t, observer)
-            if not running and not queue:
+            if not running and not queue and not prefilling:
                 # idle: the next eligible request starts a step
                 nxt = pending[0][0] if pending else float("inf")
                 while self._next_arrival <= nxt:
@@ -127,29 +138,45 @@ class Engine:
                     queue.append(heapq.heappop(pending)[2])
             while pending and pending[0][0] < t:   # became eligible during the last step
                 queue.append(heapq.heappop(pending)[2])
-            decoding = len(running)
-            new = admit(queue, decoding, p, prompt_of)
+            holding = len(running) + len(prefilling)
+            used = holding * need
+            plan = plan_step(queue, prefilling, holding, p, prompt_of, chunk=chunk,
+                             prompt_left=prompt_left, kv_free=pool - used, kv_need=kv_need,
+                             kv_empty=not used)
+            chunks = plan.chunks
             queued = len(queue)
-            on = speculation_on(p, decoding, len(new), previous_on)
-            dt = step_ms(p, decoding, len(new) * P, on) + switch_ms(p, on, previous_on)
-            previous_on = on
+            # without mixed chunks a step that prefills runs no decode (SGLang's default)
+            decoding = len(running) if mixed or not chunks else 0
+            if decoding or mixed or not chunks:
+                on = speculation_on(p, decoding, len(chunks), previous_on)
+                dt = (model.step_ms(decoding, plan.prefill_tokens, on)
+                      + switch_ms(p, on, previous_on))
+                previous_on = on
+            else:
+                on = previous_on is not False
+                dt = model.step_ms(0, plan.prefill_tokens, on)
             t += dt
             emitted = 0
             finished: List[list] = []
-            for req in running:
-                draws = req[DRAWS]
-                k = per_step if draws is None or not on else draws.next()
-                if k >= req[LEFT]:
-                    k = req[LEFT]
-                    finished.append(req)
-                req[LEFT] -= k
-                emitted += k
-                itl = req[ITL]
-                if itl is not None and k > 0:
-                    key = (t - req[PREV]) / k
-                    itl[key] = itl.get(key, 0) + k
-                    req[PREV] = t
-            for req in new:
+            if decoding:
+                for req in running:
+                    draws = req[DRAWS]
+                    k = per_step if draws is None or not on else draws.next()
+                    if k >= req[LEFT]:
+                        k = req[LEFT]
+                        finished.append(req)
+                    req[LEFT] -= k
+                    emitted += k
+                    itl = req[ITL]
+                    if itl is not None and k > 0:
+                        key = (t - req[PREV]) / k
+                        itl[key] = itl.get(key, 0) + k
+                        req[PREV] = t
+            if chunk is not None:
+                for req, n in chunks:
+                    req[PREFILL] -= n
+                prefilling[:] = [r for r in prefilling + plan.admitted if r[PREFILL] > 0]
+            for req in plan.completed:
                 req[FIRST] = t
                 req[PREV] = t
                 req[LEFT] = O - first
@@ -159,7 +186,7 @@ class Engine:
                 else:
                     running.append(req)
             self.t = t
-            observer.on_step(t, dt, emitted, decoding + len(new), queued, len(new))
+            observer.on_step(t, dt, emitted, decoding + len(chunks), queued, len(plan.completed))
             if finished:
                 gone = set(map(id, finished))
                 running[:] = [r for r in running if id(r) not in gone]
