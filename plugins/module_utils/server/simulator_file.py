@@ -46,8 +46,9 @@ except ImportError as _exc:  # pragma: no cover - depends on the checkout
     _IMPORT_ERROR = _exc
 
 # Modules of the simulator package that the server never imports and the zipapp leaves out: they
-# run on the controller and import the load generator (runs.py: predict_run, for the tuner).
-CONTROLLER_ONLY = ("runs",)
+# run on the controller, for the tuner (runs.py: predict_run, which imports the load generator;
+# knobs.py: SGLang's flags in the simulator's terms).
+CONTROLLER_ONLY = ("knobs", "runs")
 
 SCRIPT_NAME = "servelab_simulator.pyz"
 # The single-file script of earlier releases: a server started by one of them still runs it
