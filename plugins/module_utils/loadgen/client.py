@@ -430,8 +430,10 @@ def finish_records(spool: RecordSpool, cfg: LevelConfig, ws: int, we: int,
                 row["chunk_tokens"] = None if r.chunk_tokens is None else list(r.chunk_tokens)
             rows.add(row)
             yield r
+    # The latency samples go to files beside the spool (loadgen/samples.py), sealed into the
+    # part: the controller takes the level's exact figures from them in bounded memory.
     part = reduce_requests(finished(), ws, we_, cfg.ci_batches, cfg.slo,
-                           per_token_itl=per_token_itl)
+                           per_token_itl=per_token_itl, samples_path=spool.path)
     index = rows.close()
     spool.remove()
     return part, index

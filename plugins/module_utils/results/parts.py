@@ -111,7 +111,8 @@ def read_parts(parts_dir: str) -> List[Tuple[dict, str]]:
 
 def levels_csv(rows: List[dict]) -> str:
     """levels.csv text: LEVEL_COLUMNS first, then the extra columns, then server_* columns."""
-    columns = csv_columns(k for r in rows for k in (r.get("server_metrics") or {}))
+    columns = csv_columns((k for r in rows for k in (r.get("server_metrics") or {})),
+                          (k for r in rows for k in r))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
