@@ -35,10 +35,10 @@ from itertools import chain, repeat
 from operator import gt, le, mul, rshift, sub
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-BLOCK = 1 << 14          # samples buffered before a write; samples per block read back
+BLOCK = 1 << 13          # samples buffered before a write; samples per block read back
 BUCKET_BITS = 12         # a histogram pass narrows a key range 2^12-fold
 MAX_GROUPS = 8           # key ranges refined in one pass (more wait for the next pass)
-COLLECT = 1 << 14        # a range with at most this many samples is collected and sorted
+COLLECT = 1 << 12        # a range with at most this many samples is collected and sorted
 
 _SIGN = 1 << 63
 _MASK = _SIGN - 1
@@ -294,14 +294,15 @@ class _Group:
     """A key range [lo, hi) holding wanted ranks. `below`: the weight of the samples under lo;
     `count`: how many samples it holds. A pass fills its histogram (bucket -> samples, and
     bucket -> weight where weights are kept) or, for a small range, collects its keys."""
-    __slots__ = ("lo", "hi", "below", "ranks", "count", "hist", "weights", "items", "kmin",
-                 "kmax", "shift")
+    __slots__ = ("lo", "hi", "below", "ranks", "count", "hist", "weights", "items",
+                 "item_weights", "kmin", "kmax", "shift")
 
     def __init__(self, lo: int, hi: int, below: int, ranks: List[int], count: int) -> None:
         self.lo, self.hi, self.below, self.ranks, self.count = lo, hi, below, ranks, count
         self.hist: Counter = Counter()
         self.weights: Counter = Counter()
-        self.items: Optional[list] = [] if count <= COLLECT else None
+        self.items: Optional[array] = array("q") if count <= COLLECT else None
+        self.item_weights: Optional[array] = None     # the items' weights, once one is not 1
         self.kmin = self.kmax = None
         self.shift = max(0, (hi - lo - 1).bit_length() - BUCKET_BITS)
 
@@ -323,7 +324,9 @@ def _pass(samples: Samples, groups: List[_Group], whole: bool) -> None:
                 group.kmin = low if group.kmin is None else min(group.kmin, low)
                 group.kmax = high if group.kmax is None else max(group.kmax, high)
                 if group.items is not None:
-                    group.items.extend(zip(sel, repeat(1)))
+                    if group.item_weights is not None:
+                        group.item_weights.extend(repeat(1, len(sel)))
+                    group.items.extend(sel)
                     continue
                 counts = Counter(map(rshift, map(sub, sel, repeat(group.lo)), repeat(group.shift)))
                 group.hist.update(counts)
@@ -340,7 +343,10 @@ def _pass(samples: Samples, groups: List[_Group], whole: bool) -> None:
                     if group.kmax is None or key > group.kmax:
                         group.kmax = key
                     if group.items is not None:
-                        group.items.append((key, w))
+                        if group.item_weights is None:
+                            group.item_weights = array("q", repeat(1, len(group.items)))
+                        group.items.append(key)
+                        group.item_weights.append(w)
                     else:
                         bucket = (key - group.lo) >> group.shift
                         group.hist[bucket] += 1
@@ -359,7 +365,9 @@ def _walk(group: _Group, found: Dict[int, int], out: List[_Group]) -> None:
         return
     if group.items is not None:
         acc = group.below
-        for key, weight in sorted(group.items):
+        items = (sorted(zip(group.items, group.item_weights)) if group.item_weights is not None
+                 else zip(sorted(group.items), repeat(1)))
+        for key, weight in items:
             acc += weight
             while i < len(ranks) and ranks[i] < acc:
                 found[ranks[i]] = key
