@@ -15,6 +15,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_vie
     cell_header, format_value, level_line, table_cells, view_headers,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    row_dict,
     LAYOUTS, VIEW_LINE, VIEW_TABLE, LevelRow,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
@@ -35,7 +36,7 @@ def level(profile="eagle3", c=4, **extra) -> dict:
                   run_requests=50, run_errors=3)
     values.update(FIGURES)
     values.update(extra)
-    return dataclasses.asdict(LevelRow(**values))
+    return row_dict(LevelRow(**values))
 
 
 class Display:

@@ -36,6 +36,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # The row these computations fill, and the words of its labels, are the results contract's.
 from ansible_collections.servelab.serving.plugins.module_utils import netstamp
+from ansible_collections.servelab.serving.plugins.module_utils.results import request_itl
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.samples import (
     Samples, quantiles, mean as sample_mean, std as sample_std, weighted_sums,
 )
@@ -268,6 +269,7 @@ def request_row(r: RequestTiming, ws: int = 0, we: int = 0,
     if wall_offset_ns is None:
         wall_offset_ns = netstamp.wall_offset_ns()
     tpot = tpot_ns(r)
+    itl, itl_basis = request_itl.encode(r.chunk_times, r.chunk_tokens)
     return {
         "worker": r.worker,
         "request_id": r.request_id,
@@ -289,6 +291,8 @@ def request_row(r: RequestTiming, ws: int = 0, we: int = 0,
         "t_send_unix_ns": r.t_send + wall_offset_ns,
         "phase": request_phase(r, ws, we),
         "error_kind": error_kind(r.error),
+        "itl": itl,                 # the inter-token gaps in us (results/request_itl.py)
+        "itl_basis": itl_basis,
     }
 
 

@@ -17,7 +17,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import row_repeat
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     COUNT, FIELD, KIND_BOOL, KIND_INT, KIND_STR, LAYOUTS, LOAD_MODE_RATE, QUANTILES, SPREAD,
-    VIEW_LINE, Cell, as_bool,
+    VIEW_LINE, Cell, as_bool, field_of,
 )
 
 MISSING = "-"
@@ -31,7 +31,7 @@ def format_value(name: str, value) -> str:
     """One field's value as every view shows it: its format spec, "-" when not measured."""
     if _missing(value):
         return MISSING
-    f = FIELD.get(name)
+    f = field_of(name)
     if f is None or f.kind == KIND_STR:
         return str(value)
     if f.kind == KIND_BOOL:

@@ -136,10 +136,21 @@ def rebuild_run_files(run_dir: str) -> List[dict]:
     parts = read_parts(os.path.join(run_dir, PARTS_DIR))
     rows = [row for row, _jsonl in parts]
     atomic_write_text(os.path.join(run_dir, LEVELS), levels_csv(rows))
-    chunks = []
-    for _key, jsonl in parts:
-        if os.path.exists(jsonl):
-            with open(jsonl, encoding="utf-8") as fh:
-                chunks.append(fh.read())
-    atomic_write_text(os.path.join(run_dir, REQUESTS), "".join(chunks))
+    atomic_write_chunks(os.path.join(run_dir, REQUESTS),
+                        _file_chunks([jsonl for _key, jsonl in parts]))
     return rows
+
+
+def _file_chunks(paths: List[str], size: int = 1 << 20) -> Iterator[bytes]:
+    """The files' bytes in order, a MiB at a time (a run's records are never held whole)."""
+    for path in paths:
+        try:
+            fh = open(path, "rb")
+        except FileNotFoundError:
+            continue
+        with fh:
+            while True:
+                chunk = fh.read(size)
+                if not chunk:
+                    break
+                yield chunk
