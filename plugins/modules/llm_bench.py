@@ -336,7 +336,12 @@ levels:
        itl_basis: token, tokens_source: server, client_limited: false,
        server_metrics: {server_spec_accept_length_mean: 3.1}}
 requests:
-  description: Per-request records (results.REQUEST_FIELDS plus queue_ms), when return_requests.
+  description:
+    - Per-request records (results.REQUEST_FIELDS plus queue_ms, phase, error_kind, ...), when
+      return_requests.
+    - Each carries its inter-token gaps, C(itl) (integer microseconds of each token-carrying chunk
+      after the first, C(x<k>) after a chunk of k tokens, space-separated) and C(itl_basis)
+      (C(token) or C(chunk)); see docs/results.md.
   returned: when return_requests
   type: list
   elements: dict
