@@ -8,7 +8,7 @@ file's lines (loadgen/spool.py RequestRows.lines). The same rows without `itl` a
 level's generated tokens (the server's counts), is the cost. No asserts: figures.
 
 Usage: python3 benchmarks/record_size_bench.py [--concurrency 16] [--seconds 5]
-       [--profiles baseline,eagle3] [--write-md [PATH]]
+       [--profiles baseline,eagle3] [--time-scales 20,1] [--write-md [PATH]]
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.table impo
 NEW_FIELDS = ("itl", "itl_basis")
 
 
-def measure(profile: str, concurrency: int, seconds: float, max_tokens: int) -> list:
-    with ServerProcess("--profile", profile, "--time-scale", "20") as sim:
+def measure(profile: str, concurrency: int, seconds: float, max_tokens: int,
+            time_scale: str) -> list:
+    with ServerProcess("--profile", profile, "--time-scale", time_scale) as sim:
         cfg = LevelConfig(base_url=sim.url, model="servelab-sim", concurrency=concurrency,
                           max_tokens=max_tokens, level_seconds=seconds,
                           level_timeout=seconds * 4 + 120, server_metrics=False)
@@ -50,7 +51,9 @@ def measure(profile: str, concurrency: int, seconds: float, max_tokens: int) -> 
                   for row in rows)
     tokens = sum(row.get("completion_tokens") or 0 for row in rows)
     chunks = sum(row.get("chunks") or 0 for row in rows)
-    return [profile, str(len(rows)), str(tokens), "%.2f" % (tokens / chunks if chunks else 0),
+    gaps = sorted(int(item.partition("x")[0]) for row in rows
+                  for item in (row.get("itl") or "").split())
+    return [profile, time_scale, "%.0f" % (gaps[len(gaps) // 2] if gaps else 0), str(len(rows)), str(tokens), "%.2f" % (tokens / chunks if chunks else 0),
             "%.0f" % (without / len(rows)), "%.0f" % (with_gaps / len(rows)),
             "%.2f" % (with_gaps / without), "%.0f" % ((with_gaps - without) / tokens * 1000)]
 
@@ -61,12 +64,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--profiles", default="baseline,eagle3")
+    ap.add_argument("--time-scales", default="20,1",
+                    help="simulator time scales (1: real time, the gaps a real engine's)")
     ap.add_argument("--write-md", nargs="?", const="", default=None)
     args = ap.parse_args()
-    table = Table(["simulator profile", "records", "generated tokens", "tokens per chunk",
+    table = Table(["simulator profile", "time scale", "median gap us", "records", "generated tokens", "tokens per chunk",
                    "bytes per record before", "bytes per record with gaps", "x",
                    "bytes more per 1k tokens"],
-                  [measure(p, args.concurrency, args.seconds, args.max_tokens)
+                  [measure(p, args.concurrency, args.seconds, args.max_tokens, scale)
+                   for scale in args.time_scales.split(",") if scale
                    for p in args.profiles.split(",") if p])
     text = table.to_markdown()
     print(text)
@@ -79,8 +85,8 @@ def main() -> int:
                 "- machine: %s, %d CPUs, Python %s" % (platform.node(), os.cpu_count() or 0,
                                                        platform.python_version()),
                 "- command: python3 benchmarks/record_size_bench.py %s" % " ".join(sys.argv[1:]),
-                "- one level per profile, C=%d, %d-token answers, 256-token prompts, simulator "
-                "time scale 20" % (args.concurrency, args.max_tokens), ""]
+                "- one level per profile and time scale, C=%d, %d-token answers, 256-token "
+                "prompts" % (args.concurrency, args.max_tokens), ""]
         with open(path, "w", encoding="utf-8") as fh:
             fh.write("\n".join(head) + "\n" + text + "\n")
         print("written to", path)
