@@ -801,10 +801,12 @@ def main(argv=None) -> int:
                          "needs root; its read, t_recv, then follows the arrival closely)")
     ap.add_argument("--open-seconds", type=float, default=None,
                     help="section 6: window per level (default 30, --quick 5)")
-    ap.add_argument("--levels", dest="levels_arg", help="section 1: the concurrencies, comma-separated (default "
-                                     "1,2,4,...,256; --quick 4,64,256), e.g. 16,256")
-    ap.add_argument("--firehose-levels", dest="firehose_levels_arg", help="section 2: the concurrencies, comma-separated "
-                                              "(default 1,2,4,...,256; --quick 1,16,256)")
+    ap.add_argument("--levels", dest="levels_arg",
+                    help="section 1: the concurrencies, comma-separated (default 1,2,4,...,256; "
+                         "--quick 4,64,256), e.g. 16,256")
+    ap.add_argument("--firehose-levels", dest="firehose_levels_arg",
+                    help="section 2: the concurrencies, comma-separated (default 1,2,4,...,256; "
+                         "--quick 1,16,256)")
     args = ap.parse_args(argv)
     every = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     args.levels = list(every)

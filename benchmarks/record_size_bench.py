@@ -53,7 +53,8 @@ def measure(profile: str, concurrency: int, seconds: float, max_tokens: int,
     chunks = sum(row.get("chunks") or 0 for row in rows)
     gaps = sorted(int(item.partition("x")[0]) for row in rows
                   for item in (row.get("itl") or "").split())
-    return [profile, time_scale, "%.0f" % (gaps[len(gaps) // 2] if gaps else 0), str(len(rows)), str(tokens), "%.2f" % (tokens / chunks if chunks else 0),
+    return [profile, time_scale, "%.0f" % (gaps[len(gaps) // 2] if gaps else 0), str(len(rows)),
+            str(tokens), "%.2f" % (tokens / chunks if chunks else 0),
             "%.0f" % (without / len(rows)), "%.0f" % (with_gaps / len(rows)),
             "%.2f" % (with_gaps / without), "%.0f" % ((with_gaps - without) / tokens * 1000)]
 
@@ -68,7 +69,8 @@ def main() -> int:
                     help="simulator time scales (1: real time, the gaps a real engine's)")
     ap.add_argument("--write-md", nargs="?", const="", default=None)
     args = ap.parse_args()
-    table = Table(["simulator profile", "time scale", "median gap us", "records", "generated tokens", "tokens per chunk",
+    table = Table(["simulator profile", "time scale", "median gap us", "records",
+                   "generated tokens", "tokens per chunk",
                    "bytes per record before", "bytes per record with gaps", "x",
                    "bytes more per 1k tokens"],
                   [measure(p, args.concurrency, args.seconds, args.max_tokens, scale)
@@ -80,7 +82,7 @@ def main() -> int:
         path = args.write_md or os.path.join(
             HERE, "results", "record-size-%s.md" % datetime.date.today().isoformat())
         head = ["# Request records with their inter-token gaps: part file size", "",
-                "- date: %s" % datetime.datetime.now(datetime.timezone.utc).isoformat(
+                "- date: %s" % datetime.datetime.now(datetime.UTC).isoformat(
                     timespec="seconds"),
                 "- machine: %s, %d CPUs, Python %s" % (platform.node(), os.cpu_count() or 0,
                                                        platform.python_version()),

@@ -225,7 +225,7 @@ def main() -> int:
     peak_growth = 100.0 * (lvl_end + cli_end - total0) / total0 if total0 else float("nan")
     say("Peak, end included, against the first settled sample (%.1f MB): %+.1f %% (target: "
         "within %.0f %%): %s" % (total0, peak_growth, TARGET_GROWTH,
-                                  "ok" if abs(peak_growth) <= TARGET_GROWTH else "MISS"))
+                                 "ok" if abs(peak_growth) <= TARGET_GROWTH else "MISS"))
     if args.write_md is not None:
         path = args.write_md or os.path.join(
             HERE, "results", "soak-%s.md" % datetime.date.today().isoformat())

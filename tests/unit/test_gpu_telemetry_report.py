@@ -4,7 +4,6 @@ outside the window ignored; the no-telemetry path (empty columns, one note); the
 plots/gpu.png and levels.csv carrying the columns."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 

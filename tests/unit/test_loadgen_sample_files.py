@@ -35,13 +35,14 @@ def tiny(monkeypatch):
 
 def _values(rng, typecode, n):
     pool = [rng.randrange(0, 10)] * 3          # ties
-    if typecode == "q":
-        draw = (lambda: rng.choice([rng.randrange(-50, 50), rng.randrange(10**9, 10**12),
-                                    rng.choice(pool), 0]))
-    else:
-        draw = (lambda: rng.choice([rng.lognormvariate(16, 1), -rng.random() * 1e3, 0.0,
-                                    float(rng.choice(pool)), rng.randrange(1, 10**7) / 3]))
-    return [draw() for _ in range(n)]
+
+    def draw():
+        if typecode == "q":
+            return rng.choice([rng.randrange(-50, 50), rng.randrange(10**9, 10**12),
+                               rng.choice(pool), 0])
+        return rng.choice([rng.lognormvariate(16, 1), -rng.random() * 1e3, 0.0,
+                           float(rng.choice(pool)), rng.randrange(1, 10**7) / 3])
+    return [draw() for _i in range(n)]
 
 
 def _filled(typecode, weighted, values, weights, directory, split):
@@ -67,7 +68,7 @@ def test_quantiles_and_sums_are_the_in_memory_floats(tiny, tmp_path, seed):
         typecode = rng.choice("qd")
         weighted = typecode == "d" and rng.random() < 0.6
         values = _values(rng, typecode, n)
-        weights = ([float(rng.choice((1, 1, 2, 3, 7))) for _ in values] if weighted
+        weights = ([float(rng.choice((1, 1, 2, 3, 7))) for _i in values] if weighted
                    else [1.0] * n)
         directory = str(tmp_path) if trial % 4 else None       # files, or memory
         samples = _filled(typecode, weighted, values, weights, directory, rng.randrange(n + 1))
@@ -86,7 +87,7 @@ def test_quantiles_and_sums_are_the_in_memory_floats(tiny, tmp_path, seed):
             assert S.std(samples) == math.sqrt(sum((v - mean) ** 2 for v in values) / n)
         assert S.quantiles(samples, qs) == expected, (typecode, weighted, n)
         # Every rank, against the sorted (expanded) list.
-        expanded = sorted(v for v, w in zip(values, weights) for _ in range(int(w)))
+        expanded = sorted(v for v, w in zip(values, weights) for _i in range(int(w)))
         assert S.select_ranks(samples, range(len(expanded))) == dict(enumerate(expanded))
         samples.remove()
 
@@ -129,7 +130,7 @@ def test_a_long_series_stays_in_its_file_and_in_bounded_memory(tmp_path):
     path = str(tmp_path / "itl")
     samples = S.Samples("d", True, path)
     rng = random.Random(5)
-    values = array("d", (float(rng.randrange(5_000_000, 30_000_000)) for _ in range(200_000)))
+    values = array("d", (float(rng.randrange(5_000_000, 30_000_000)) for _i in range(200_000)))
     for i in range(0, len(values), 500):
         samples.extend(values[i:i + 500])
         assert len(samples._values) < S.BLOCK
@@ -144,8 +145,8 @@ def _request(rng, i, ws, we, per_token):
     t_send = rng.randrange(0, we + 10**9)
     if rng.random() < 0.1:
         return RequestTiming(worker=i % 5, request_id=i, t_send=t_send, error="connect failed")
-    times = sorted(t_send + rng.randrange(1, 5 * 10**8) for _ in range(rng.randrange(1, 30)))
-    toks = [rng.choice((1, 1, 1, 2, 4)) for _ in times] if per_token else None
+    times = sorted(t_send + rng.randrange(1, 5 * 10**8) for _i in range(rng.randrange(1, 30)))
+    toks = [rng.choice((1, 1, 1, 2, 4)) for _i in times] if per_token else None
     return RequestTiming(worker=i % 5, request_id=i, t_send=t_send, t_first=times[0],
                          t_last=times[-1], prompt_tokens=10,
                          completion_tokens=sum(toks) if toks else len(times),
@@ -174,8 +175,8 @@ def _reference_figures(reqs, part_per_token):
             out["%s_p%s" % (name, q)] = ms(percentile(sorted(values), q))
         mean = sum(values) / len(values) if values else None
         out[name + "_mean"] = ms(mean)
-        out[name + "_std"] = ms(math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-                               if values else None)
+        out[name + "_std"] = (ms(math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)))
+                              if values else None)
     for q in (50, 90, 99, 95, 99.9):
         out["itl_p%s" % q] = ms(weighted_percentile(pairs, q))
     total = sum(w for _v, w in pairs)

@@ -8,7 +8,6 @@ must make the very report the CSV gives, and keep what the CSV cannot say.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil

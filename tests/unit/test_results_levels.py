@@ -105,8 +105,8 @@ def test_views_say_where_a_field_is_shown():
 def test_levels_csv_reads_back_typed(tmp_path):
     rows = [row_dict(full_row()),
             row_dict(full_row(concurrency=8, first_error=None, output_tok_s=None,
-                                        client_limited=False, window_complete=False,
-                                        server_metrics={}))]
+                              client_limited=False, window_complete=False,
+                              server_metrics={}))]
     path = tmp_path / "levels.csv"
     path.write_text(levels_csv(rows), encoding="utf-8")
     assert read_levels_csv(str(path)) == rows

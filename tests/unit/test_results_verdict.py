@@ -1,7 +1,6 @@
 """level_verdict (results/level_verdict.py): one rule for llm_bench's sweep and for the report."""
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pandas as pd

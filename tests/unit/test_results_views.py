@@ -6,7 +6,6 @@ and "(±x)", and the report its own way.
 """
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 from ansible_collections.servelab.serving.plugins.callback import progress as servelab_callback

@@ -151,7 +151,7 @@ class Samples:
             self._written += len(values)
         self._values = array(self.typecode)
 
-    def seal(self) -> "Samples":
+    def seal(self) -> Samples:
         """Write what is buffered. A file-backed series becomes one file segment and takes no
         more samples into it: it can be pickled (to the level's controller) and merged."""
         self._flush()
@@ -164,7 +164,7 @@ class Samples:
             self._weights = None
         return self
 
-    def merge(self, other: "Samples") -> "Samples":
+    def merge(self, other: Samples) -> Samples:
         """Append `other`'s samples after this series' (the order of the merged lists)."""
         self.seal()
         other.seal()

@@ -62,7 +62,7 @@ class LevelSamples:
     ok: int = 0  # window requests that succeeded
 
     @classmethod
-    def in_files(cls, prefix: str) -> "LevelSamples":
+    def in_files(cls, prefix: str) -> LevelSamples:
         return cls(Samples("d", path=prefix + ".ttft"), Samples("d", path=prefix + ".tpot"),
                    Samples("d", weighted=True, path=prefix + ".itl"))
 

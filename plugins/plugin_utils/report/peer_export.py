@@ -11,13 +11,13 @@ would name for it: the serve setting is the host and profile, the bench setting 
 (repeats) lists every repeat in its summary.json, `run_number` repeat - 1, as `sweep serve
 --num-runs` lists its runs.
 
-Only servelab's own figures are written, under vLLM's names and in its units (both are ms and
-tok/s, so nothing is rescaled): the names are the field table's (results/levels.py, each field's
-`vllm`), the latencies' std included (population std, numpy.std's default, as vLLM's), the
-percentiles chosen with bench_percentiles as vLLM names those of its --metric-percentiles
-(`p95_ttft_ms`, `p99.9_e2el_ms`), and `date` (the level's window start, in vLLM's format, UTC). What servelab does not measure is left out,
-never made up (vLLM's one-second peak output rate). Levels with no output rate are left out, as
-`sweep serve` leaves out a combination without a successful run.
+Only servelab's own figures are written, under vLLM's names and in its units (both are ms and tok/s,
+so nothing is rescaled): the names are the field table's (results/levels.py, each field's `vllm`),
+the latencies' std included (population std, numpy.std's default, as vLLM's), the percentiles chosen
+with bench_percentiles as vLLM names those of its --metric-percentiles (`p95_ttft_ms`,
+`p99.9_e2el_ms`), and `date` (the level's window start, in vLLM's format, UTC). What servelab does
+not measure is left out, never made up (vLLM's one-second peak output rate). Levels with no output
+rate are left out, as `sweep serve` leaves out a combination without a successful run.
 
 Controller only: bench_report writes these beside report.html (export.export_files).
 """
