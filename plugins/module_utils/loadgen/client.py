@@ -14,7 +14,8 @@ Load modes
 A client process reads the window and the stop from the shared counters (loadgen/counters.py),
 writes its own block of them, records its CPU time and its event-loop lag (probed every 10 ms,
 judged by loadgen/honesty.py), streams its finished requests to its spool (loadgen/spool.py) and,
-when the level is over, hands the controller (loadgen/level.py) its LevelPart and its rows file.
+when the level is over, hands the controller (loadgen/level.py) its LevelPart (its latency
+samples in files: loadgen/samples.py) and its rows file.
 """
 from __future__ import annotations
 
