@@ -48,6 +48,7 @@ open-loop rate and lateness) are read with getattr and shown as "-" until they a
 
 Usage: python3 benchmarks/limit_bench.py [--quick] [--cpus 0,1] [--write-md [PATH]]
        [--only SECTION] [--open-runs N] [--arrivals poisson,constant] [--server-priority P]
+       [--levels 16,256] [--firehose-levels 16,256]
 --quick: fewer levels (C = 4, 64, 256 and 1, 16, 256), 3 s windows and no 30-sample minimum in
 section 1 (a smoke run, about 2 minutes); the full run takes about 10-12 minutes;
 --cpus: pin the simulator and the clients to those CPUs (a 2-core machine on a bigger one);
@@ -800,6 +801,12 @@ def main(argv=None) -> int:
                          "needs root; its read, t_recv, then follows the arrival closely)")
     ap.add_argument("--open-seconds", type=float, default=None,
                     help="section 6: window per level (default 30, --quick 5)")
+    ap.add_argument("--levels", dest="levels_arg",
+                    help="section 1: the concurrencies, comma-separated (default 1,2,4,...,256; "
+                         "--quick 4,64,256), e.g. 16,256")
+    ap.add_argument("--firehose-levels", dest="firehose_levels_arg",
+                    help="section 2: the concurrencies, comma-separated (default 1,2,4,...,256; "
+                         "--quick 1,16,256)")
     args = ap.parse_args(argv)
     every = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     args.levels = list(every)
@@ -817,6 +824,10 @@ def main(argv=None) -> int:
         args.drain_seconds = 2.0
         open_seconds = args.open_seconds or 5.0
     args.open_seconds = open_seconds
+    if args.levels_arg:
+        args.levels = [int(c) for c in args.levels_arg.split(",") if c]
+    if args.firehose_levels_arg:
+        args.firehose_levels = [int(c) for c in args.firehose_levels_arg.split(",") if c]
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     os.makedirs(args.tmp, exist_ok=True)

@@ -8,7 +8,6 @@ scale. One builder for the report's unit tests and its browser test.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
     CANCELLED_PREFIX, RequestTiming, level_row, reduce_requests, request_row,
@@ -16,6 +15,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics i
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     MANIFEST, PARTS_DIR, atomic_write_json,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import row_dict
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files
 
 MS = 1_000_000
@@ -52,9 +52,10 @@ def level_requests(p: int, c: int, failed: bool = True):
 
 def make_run(tmp_path, name="run-p", profiles=("baseline", "eagle3"), levels=LEVELS,
              tok_s=None, time_scale=20, gpus=8, client_limited=(), keep_chunks=False,
-             failed_request=True, server_metrics=None):
+             failed_request=True, server_metrics=None, without_gaps=False):
     """The run directory. tok_s: {profile: f(C)} (default TOK_S, else 100 x C); client_limited:
-    {(profile, C)} marked client-limited; server_metrics: f(C) -> the row's server_* dict."""
+    {(profile, C)} marked client-limited; server_metrics: f(C) -> the row's server_* dict;
+    without_gaps: records as written before they carried their inter-token gaps (no `itl`)."""
     tok_s = tok_s or TOK_S
     run = tmp_path / name
     parts = run / PARTS_DIR
@@ -63,7 +64,7 @@ def make_run(tmp_path, name="run-p", profiles=("baseline", "eagle3"), levels=LEV
     for p, profile in enumerate(profiles):
         for c in levels:
             reqs = level_requests(p, c, failed_request)
-            row = asdict(level_row("gpu1", profile, c, reduce_requests(reqs, ws, we, 5, {}), {}))
+            row = row_dict(level_row("gpu1", profile, c, reduce_requests(reqs, ws, we, 5, {}), {}))
             rate = tok_s.get(profile, lambda c: 100.0 * c)(c)
             row["output_tok_s"] = rate
             row["output_tok_s_ci95"] = rate / 20
@@ -77,6 +78,8 @@ def make_run(tmp_path, name="run-p", profiles=("baseline", "eagle3"), levels=LEV
                 if keep_chunks:
                     rec["chunk_times"] = list(r.chunk_times)
                     rec["chunk_tokens"] = list(r.chunk_tokens)
+                if without_gaps:
+                    del rec["itl"], rec["itl_basis"]
                 records.append(rec)
             write_level_files(str(parts), row, records)
     simulator = {"profile": "x"} if time_scale is None else {"profile": "x",

@@ -184,6 +184,15 @@ options:
     description: Batches the window is cut into for the 95% confidence interval (batch means).
     type: int
     default: 10
+  percentiles:
+    description:
+      - Percentiles reported beside p50, p90 and p99 (always reported) of TTFT, TPOT, ITL and E2E,
+        as vLLM's C(--metric-percentiles), e.g. C([95, 99.9]); each strictly between 0 and 100, each
+        once. Each adds the columns C(ttft_p<q>_ms), C(tpot_p<q>_ms), C(itl_p<q>_ms) and
+        C(e2e_p<q>_ms) (q written as vLLM writes it, C(95), C(99.9)) after the fixed columns,
+        ordered by figure, then q. Exact, as the fixed percentiles.
+    type: list
+    elements: float
   target_ci_pct:
     description:
       - Adaptive precision; keep the window open until the 95% CI half-width of output tok/s is
@@ -327,7 +336,12 @@ levels:
        itl_basis: token, tokens_source: server, client_limited: false,
        server_metrics: {server_spec_accept_length_mean: 3.1}}
 requests:
-  description: Per-request records (results.REQUEST_FIELDS plus queue_ms), when return_requests.
+  description:
+    - Per-request records (results.REQUEST_FIELDS plus queue_ms, phase, error_kind, ...), when
+      return_requests.
+    - Each carries its inter-token gaps, C(itl) (integer microseconds of each token-carrying chunk
+      after the first, C(x<k>) after a chunk of k tokens, space-separated) and C(itl_basis)
+      (C(token) or C(chunk)); see docs/results.md.
   returned: when return_requests
   type: list
   elements: dict

@@ -22,7 +22,9 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE = os.path.join(REPO, "tests", "unit", "test_loadgen_fakeserver.py")
+from ansible_collections.servelab.serving.plugins.module_utils.results import request_itl  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS  # noqa: E402
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import FIXED_COLUMNS  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import level_verdict  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_views import level_line  # noqa: E402
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts  # noqa: E402
@@ -95,6 +97,7 @@ def test_sweep_writes_parts_levels_and_requests(tmp_path):
         proc = run_playbook(playbook(tmp_path, url, """\
             concurrency: [1, 3]
             slo: {ttft_ms: 500}
+            percentiles: [99.9, "95"]
             workload: {kind: synthetic, input_tokens: 20, output_tokens: 6, count: 4}
             """))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -108,8 +111,13 @@ def test_sweep_writes_parts_levels_and_requests(tmp_path):
     with open(run / "levels.csv") as fh:
         header = fh.readline().strip().split(",")
     assert header[:len(LEVEL_COLUMNS)] == list(LEVEL_COLUMNS)
+    # The chosen percentiles, after the fixed columns, by figure then q ("95" is a number to
+    # Ansible's list of floats).
+    assert header == list(FIXED_COLUMNS) + [
+        "%s_p%s_ms" % (m, q) for m in ("ttft", "tpot", "itl", "e2e") for q in ("95", "99.9")]
     levels = read_levels(run)
     assert [lv["concurrency"] for lv in levels] == ["1", "3"]
+    assert all(float(lv["itl_p99.9_ms"]) >= float(lv["itl_p95_ms"]) > 0 for lv in levels)
     for lv in levels:
         assert float(lv["output_tok_s"]) > 0 and lv["errors"] == "0"
         assert float(lv["goodput_request_s"]) > 0
@@ -131,6 +139,12 @@ def test_sweep_writes_parts_levels_and_requests(tmp_path):
     ok = [r for r in records if r["error"] is None]
     # synthetic output_tokens wins over max_tokens, and the count is the server's
     assert ok and all(r["completion_tokens"] == 6 and r["tokens_source"] == "server" for r in ok)
+    # Each record carries its inter-token gaps: one per token-carrying chunk after the first,
+    # their tokens adding up to the answer's (the first chunk's aside), per token.
+    for r in ok:
+        gaps = request_itl.decode(r["itl"])
+        assert r["itl_basis"] == "token" and len(gaps) == r["chunks"] - 1
+        assert sum(k for _gap, k in gaps) <= r["completion_tokens"] - 1
     for lv in levels:
         in_window = [r for r in records if r["in_window"] and r["concurrency"] == int(
             lv["concurrency"])]

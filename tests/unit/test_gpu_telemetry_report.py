@@ -4,7 +4,6 @@ outside the window ignored; the no-telemetry path (empty columns, one note); the
 plots/gpu.png and levels.csv carrying the columns."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -14,6 +13,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.contract 
     LEVELS, PARTS_DIR,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    row_dict,
     FIELD, LevelRow,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
@@ -96,7 +96,7 @@ def level(profile, c, tok_s, start_ns, host="gpu1", window_s=4.0):
         itl_p99_ms=30.0, e2e_p50_ms=1000.0, e2e_p99_ms=1500.0, goodput_request_s=None,
         client_limited=False,
         window_start_unix_ns=start_ns, window_end_unix_ns=start_ns + int(window_s * S))
-    return dataclasses.asdict(LevelRow(**values))
+    return row_dict(LevelRow(**values))
 
 
 def make_run(tmp_path, telemetry_lines=None):

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import struct
-from dataclasses import asdict
 
 import pytest
 
@@ -23,6 +22,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics i
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     MANIFEST, PARTS_DIR, PLOTS_DIR, REPORT_HTML, SUMMARY, atomic_write_json,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import row_dict
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import write_level_files
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import fleet
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.build import build_report, write_report
@@ -47,7 +47,7 @@ def make_fleet_run(tmp_path, hosts, gpu_servers=None, failed=(), statuses=None):
                 reqs = level_requests(p, c, failed=False)
                 if (host, profile, c) in failed:
                     reqs = [dataclass_with_error(r) for r in reqs]
-                row = asdict(level_row(host, profile, c, reduce_requests(reqs, ws, we, 5, {}), {}))
+                row = row_dict(level_row(host, profile, c, reduce_requests(reqs, ws, we, 5, {}), {}))
                 if (host, profile, c) not in failed:
                     row["output_tok_s"] = tok_s(c)
                     row["output_tok_s_ci95"] = tok_s(c) / 20

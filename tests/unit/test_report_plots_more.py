@@ -189,10 +189,25 @@ def test_cdf_data_from_the_request_records(tmp_path):
     assert not ttft[("eagle3", 8)].usable and ttft[("eagle3", 8)].reason == "client-limited"
     assert ttft[("baseline", 8)].usable and ttft[("baseline", 8)].reason == ""
     itl = [s for s in series if s.metric == "itl"]
-    # No chunk times in the records: each request's TPOT is the inter-token proxy.
-    assert {s.itl_basis for s in itl} == {distributions.ITL_TPOT}
+    # Each record carries its inter-token gaps (`itl`): ITL per token, not the TPOT proxy.
+    assert {s.itl_basis for s in itl} == {distributions.ITL_TOKEN}
     b1 = next(s for s in itl if s.profile == "baseline" and s.concurrency == 1)
     assert b1.x == pytest.approx([3.0])  # gap 2 + C ms, every request alike
+    assert b1.samples == 3 * window     # 4 one-token chunks: 3 gaps per request
+
+
+def test_records_without_their_gaps_fall_back_to_the_tpot_proxy(tmp_path):
+    run = make_run(tmp_path, without_gaps=True)   # records written before `itl` existed
+    loaded = load_run(str(run))
+    chosen = {"gpu1": [1]}
+    samples, _warnings = distributions.read_samples(
+        loaded.records.request_files, distributions.wanted_levels(loaded.levels, chosen))
+    itl = [s for s in distributions.cdf_series(loaded.levels, chosen, samples)
+           if s.metric == "itl"]
+    # No gaps and no chunk times in the records: each request's TPOT is the inter-token proxy.
+    assert {s.itl_basis for s in itl} == {distributions.ITL_TPOT}
+    b1 = next(s for s in itl if s.profile == "baseline")
+    assert b1.x == pytest.approx([3.0]) and b1.samples == samples[("gpu1", "baseline", 1)].ok
     assert "proxy" in plots.cdf_axis_label("itl", {distributions.ITL_TPOT})
 
 
@@ -220,7 +235,7 @@ def test_part_files_of_levels_not_drawn_are_not_opened(tmp_path):
     other.write_text("never read\n")
     samples, warnings = distributions.read_samples(
         [str(drawn), str(other)], {("h", "baseline", 1)})
-    assert samples[("h", "baseline", 1)].ttft_ms == [5.0]
+    assert list(samples[("h", "baseline", 1)].ttft_ms.values()) == [5.0]
     assert warnings == [f"{drawn}: 1 unreadable line(s) skipped"]
 
 

@@ -8,7 +8,6 @@ must make the very report the CSV gives, and keep what the CSV cannot say.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     LEVELS, PARTS_DIR, REQUESTS,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.results.levels import LevelRow
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import LevelRow, row_dict
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     levels_csv, read_levels_csv, rebuild_run_files, write_level_files,
 )
@@ -63,7 +62,7 @@ def row(profile, c, tok_s, **extra):
         server_metrics={"server_spec_accept_length": 2.5},
     )
     values.update(extra)
-    return dataclasses.asdict(LevelRow(**values))
+    return row_dict(LevelRow(**values))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_vie
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     FIELD, FIELDS, SUMMARY_FIELDS, KIND_BOOL, KIND_FLOAT, KIND_INT, KIND_STR, LAYOUTS, ROW_COLUMNS, VIEW_CSV,
     VIEW_LINE, VIEW_RATE_TABLE, VIEW_REPEATS, VIEW_TABLE, FIXED_COLUMNS, LevelRow, csv_columns,
+    row_dict,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     levels_csv, read_levels_csv,
@@ -44,13 +45,15 @@ def full_row(**extra) -> LevelRow:
 def test_every_levels_csv_column_has_a_field_and_every_field_a_column():
     figures = every_server_figure()
     assert set(figures) == {f.name for f in FIELDS if f.server}   # the server figures, exactly
-    header = levels_csv([dataclasses.asdict(full_row())]).splitlines()[0].split(",")
+    header = levels_csv([row_dict(full_row())]).splitlines()[0].split(",")
     assert header == [f.name for f in FIELDS]
     # FIELD also defines the report's repeats summary figures, which are no levels.csv column.
     assert sorted(header + [f.name for f in SUMMARY_FIELDS]) == sorted(FIELD)
     assert not set(header) & {f.name for f in SUMMARY_FIELDS}
-    # The row's own fields are LevelRow's, in its order; server_metrics is the server columns.
-    row_fields = [f.name for f in dataclasses.fields(LevelRow) if f.name != "server_metrics"]
+    # The row's own fields are LevelRow's, in its order; server_metrics is the server columns,
+    # extra_percentiles the chosen percentiles' columns (results/percentiles.py).
+    row_fields = [f.name for f in dataclasses.fields(LevelRow)
+                  if f.name not in ("server_metrics", "extra_percentiles")]
     assert [f.name for f in FIELDS if not f.server] == row_fields
 
 
@@ -66,9 +69,9 @@ def test_one_column_set_whatever_the_run_measured():
     # Every known server figure is a column whether or not the server had /metrics.
     assert csv_columns() == csv_columns(["server_requests_s"]) == list(FIXED_COLUMNS)
     assert set(every_server_figure()) <= set(FIXED_COLUMNS)
-    without = dataclasses.asdict(full_row(server_metrics={}))
+    without = row_dict(full_row(server_metrics={}))
     bare = levels_csv([without]).splitlines()
-    full = levels_csv([dataclasses.asdict(full_row())]).splitlines()
+    full = levels_csv([row_dict(full_row())]).splitlines()
     assert bare[0] == full[0] == ",".join(FIXED_COLUMNS)
     assert len(bare[1].split(",")) == len(FIXED_COLUMNS)     # not measured: an empty cell
 
@@ -100,10 +103,10 @@ def test_views_say_where_a_field_is_shown():
 
 
 def test_levels_csv_reads_back_typed(tmp_path):
-    rows = [dataclasses.asdict(full_row()),
-            dataclasses.asdict(full_row(concurrency=8, first_error=None, output_tok_s=None,
-                                        client_limited=False, window_complete=False,
-                                        server_metrics={}))]
+    rows = [row_dict(full_row()),
+            row_dict(full_row(concurrency=8, first_error=None, output_tok_s=None,
+                              client_limited=False, window_complete=False,
+                              server_metrics={}))]
     path = tmp_path / "levels.csv"
     path.write_text(levels_csv(rows), encoding="utf-8")
     assert read_levels_csv(str(path)) == rows

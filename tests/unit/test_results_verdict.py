@@ -1,7 +1,6 @@
 """level_verdict (results/level_verdict.py): one rule for llm_bench's sweep and for the report."""
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pandas as pd
@@ -14,6 +13,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
     CLIENT_LIMITED, EXCLUDED, FAILED, USABLE, level_verdict,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    row_dict,
     STOP_ABORTED, STOP_SERVER_FAILING, STOP_WINDOW_COMPLETE, LevelRow,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
@@ -33,7 +33,7 @@ def level(profile="baseline", c=1, status=None, **extra) -> dict:
                   client_limited=False, run_requests=50, run_errors=0,
                   stop_reason=STOP_WINDOW_COMPLETE)
     values.update(extra)
-    row = dataclasses.asdict(LevelRow(**values))
+    row = row_dict(LevelRow(**values))
     return row if status is None else dict(row, status=status)
 
 

@@ -6,7 +6,6 @@ and "(±x)", and the report its own way.
 """
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 from ansible_collections.servelab.serving.plugins.callback import progress as servelab_callback
@@ -15,6 +14,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_vie
     cell_header, format_value, level_line, table_cells, view_headers,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    row_dict,
     LAYOUTS, VIEW_LINE, VIEW_TABLE, LevelRow,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
@@ -35,7 +35,7 @@ def level(profile="eagle3", c=4, **extra) -> dict:
                   run_requests=50, run_errors=3)
     values.update(FIGURES)
     values.update(extra)
-    return dataclasses.asdict(LevelRow(**values))
+    return row_dict(LevelRow(**values))
 
 
 class Display:

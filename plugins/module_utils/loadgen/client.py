@@ -14,7 +14,8 @@ Load modes
 A client process reads the window and the stop from the shared counters (loadgen/counters.py),
 writes its own block of them, records its CPU time and its event-loop lag (probed every 10 ms,
 judged by loadgen/honesty.py), streams its finished requests to its spool (loadgen/spool.py) and,
-when the level is over, hands the controller (loadgen/level.py) its LevelPart and its rows file.
+when the level is over, hands the controller (loadgen/level.py) its LevelPart (its latency
+samples in files: loadgen/samples.py) and its rows file.
 """
 from __future__ import annotations
 
@@ -430,8 +431,10 @@ def finish_records(spool: RecordSpool, cfg: LevelConfig, ws: int, we: int,
                 row["chunk_tokens"] = None if r.chunk_tokens is None else list(r.chunk_tokens)
             rows.add(row)
             yield r
+    # The latency samples go to files beside the spool (loadgen/samples.py), sealed into the
+    # part: the controller takes the level's exact figures from them in bounded memory.
     part = reduce_requests(finished(), ws, we_, cfg.ci_batches, cfg.slo,
-                           per_token_itl=per_token_itl)
+                           per_token_itl=per_token_itl, samples_path=spool.path)
     index = rows.close()
     spool.remove()
     return part, index

@@ -15,6 +15,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.drain imp
 )
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.level import run_level
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.spec import LevelConfig, LoadgenError
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import row_dict
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
     level_verdict, open_loop_flag,
 )
@@ -153,7 +154,7 @@ def run_levels(configs: List[LevelConfig], workload: Workload, drain_last: bool 
             drained = drainer.drain(_label(cfg))
         result.row.drain_s, result.row.drain_basis = drained.seconds, drained.basis
         result.row.prompt_token_source = getattr(workload, "token_source", "")
-        row = asdict(result.row)
+        row = row_dict(result.row)
         outcome.levels.append(row)
         outcome.requests_by_level.append(result.requests)
         outcome.warnings.extend(result.warnings)

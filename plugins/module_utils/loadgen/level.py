@@ -33,7 +33,7 @@ import mmap
 import multiprocessing
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils import netstamp
@@ -66,7 +66,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.workloads
 from ansible_collections.servelab.serving.plugins.module_utils.proc.terminate import end_children
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     STOP_ABORTED, STOP_LEVEL_TIMEOUT, STOP_SERVER_FAILING, STOP_UNKNOWN, STOP_WINDOW_COMPLETE,
-    level_date,
+    level_date, row_dict,
 )
 
 # What a workload may ask of the level beyond its prompts (workloads.LEVEL_HOOKS): `arrivals`,
@@ -89,7 +89,7 @@ class LevelResult:
     sender_priority: Optional[str] = None   # open loop: what the arrival sender ran at
 
     def row_dict(self) -> dict:
-        return asdict(self.row)
+        return row_dict(self.row)
 
 
 class _Controller:
@@ -345,7 +345,8 @@ def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes], spool_dir
     for i in range(nproc):
         merged.merge(results[i]["part"])
     merged.ws, merged.we = ws, we
-    row = level_row(cfg.host_label, cfg.profile, c, merged, cfg.slo)
+    row = level_row(cfg.host_label, cfg.profile, c, merged, cfg.slo, cfg.percentiles or ())
+    merged.remove_files()       # the figures are taken: the samples' files are done with
     row.repeat = int(cfg.repeat)
     row.load_mode = cfg.load_mode
     row.request_rate = float(cfg.request_rate) if cfg.load_mode == "rate" else None

@@ -31,14 +31,20 @@ the last token, as other tools report them.
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # The row these computations fill, and the words of its labels, are the results contract's.
 from ansible_collections.servelab.serving.plugins.module_utils import netstamp
+from ansible_collections.servelab.serving.plugins.module_utils.results import request_itl
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.samples import (
+    Samples, quantiles, mean as sample_mean, std as sample_std, weighted_sums,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     ITL_BASIS_CHUNK, ITL_BASIS_TOKEN, LevelRow, TOKENS_CHUNKS, TOKENS_SERVER,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.percentiles import (
+    PERCENTILE_METRICS, STANDARD_PERCENTILES, extra_percentiles, percentile_column,
 )
 
 NS_PER_MS = 1_000_000
@@ -263,6 +269,7 @@ def request_row(r: RequestTiming, ws: int = 0, we: int = 0,
     if wall_offset_ns is None:
         wall_offset_ns = netstamp.wall_offset_ns()
     tpot = tpot_ns(r)
+    itl, itl_basis = request_itl.encode(r.chunk_times, r.chunk_tokens)
     return {
         "worker": r.worker,
         "request_id": r.request_id,
@@ -284,6 +291,8 @@ def request_row(r: RequestTiming, ws: int = 0, we: int = 0,
         "t_send_unix_ns": r.t_send + wall_offset_ns,
         "phase": request_phase(r, ws, we),
         "error_kind": error_kind(r.error),
+        "itl": itl,                 # the inter-token gaps in us (results/request_itl.py)
+        "itl_basis": itl_basis,
     }
 
 
@@ -308,7 +317,21 @@ def meets_slo(r: RequestTiming, slo: Dict[str, Optional[float]]) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # Partial sums: each load-generator process reduces its own requests to a LevelPart, the parent
-# merges the parts. Keeping raw samples (not pre-computed percentiles) keeps the merge exact.
+# merges the parts. Keeping raw samples (not pre-computed percentiles) keeps the merge exact; the
+# samples are series (loadgen/samples.py) that the load generator writes to its spool directory,
+# so a long level's end holds none of them in memory.
+
+# The sample series of a LevelPart: (name, typecode, weighted). Times in ns: ints ("q"), TPOT and
+# ITL are quotients ("d"); ITL samples carry their weights (a k-token chunk is k samples).
+SERIES = (("ttft", "q", False), ("tpot", "d", False), ("e2e", "q", False),
+          ("itl", "d", True), ("lateness", "q", False),
+          ("run_ttft", "q", False), ("run_tpot", "d", False), ("run_e2e", "q", False))
+
+
+def _series(name: str, path_prefix: Optional[str] = None) -> Samples:
+    typecode, weighted = next((t, w) for n, t, w in SERIES if n == name)
+    return Samples(typecode, weighted, None if path_prefix is None
+                   else "%s.%s" % (path_prefix, name))
 
 
 @dataclass
@@ -324,19 +347,18 @@ class LevelPart:
     run_first_send: Optional[int] = None
     run_last_token: Optional[int] = None
     # window requests
-    ttft: List[int] = field(default_factory=list)
-    tpot: List[float] = field(default_factory=list)
-    e2e: List[int] = field(default_factory=list)
-    itl_values: array = field(default_factory=lambda: array("d"))
-    itl_weights: array = field(default_factory=lambda: array("d"))
-    lateness: List[int] = field(default_factory=list)   # open loop: t_send - t_sched
+    ttft: Samples = field(default_factory=lambda: _series("ttft"))
+    tpot: Samples = field(default_factory=lambda: _series("tpot"))
+    e2e: Samples = field(default_factory=lambda: _series("e2e"))
+    itl: Samples = field(default_factory=lambda: _series("itl"))     # (value, weight) samples
+    lateness: Samples = field(default_factory=lambda: _series("lateness"))  # t_send - t_sched
     window_requests: int = 0
     window_errors: int = 0
     window_good: int = 0
     # whole run
-    run_ttft: List[int] = field(default_factory=list)
-    run_tpot: List[float] = field(default_factory=list)
-    run_e2e: List[int] = field(default_factory=list)
+    run_ttft: Samples = field(default_factory=lambda: _series("run_ttft"))
+    run_tpot: Samples = field(default_factory=lambda: _series("run_tpot"))
+    run_e2e: Samples = field(default_factory=lambda: _series("run_e2e"))
     run_requests: int = 0
     run_ok: int = 0
     run_errors: int = 0
@@ -344,6 +366,22 @@ class LevelPart:
     per_token_itl: bool = True
     tokens_fallback: int = 0
     first_error: Optional[str] = None
+
+    def spill_to(self, path_prefix: str) -> LevelPart:
+        """Write the sample series to files `path_prefix`.<series> as they grow."""
+        for name, _typecode, _weighted in SERIES:
+            setattr(self, name, _series(name, path_prefix))
+        return self
+
+    def seal(self) -> LevelPart:
+        """Write what the series buffer: the part can then be pickled and merged."""
+        for name, _typecode, _weighted in SERIES:
+            getattr(self, name).seal()
+        return self
+
+    def remove_files(self) -> None:
+        for name, _typecode, _weighted in SERIES:
+            getattr(self, name).remove()
 
     def merge(self, other: LevelPart) -> LevelPart:
         if not self.batch_tokens:
@@ -354,10 +392,8 @@ class LevelPart:
                      "run_prompt_tokens", "window_requests", "window_errors", "window_good",
                      "run_requests", "run_ok", "run_errors", "cancelled", "tokens_fallback"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("ttft", "tpot", "e2e", "lateness", "run_ttft", "run_tpot", "run_e2e"):
-            getattr(self, name).extend(getattr(other, name))
-        self.itl_values.extend(other.itl_values)
-        self.itl_weights.extend(other.itl_weights)
+        for name, _typecode, _weighted in SERIES:
+            getattr(self, name).merge(getattr(other, name))
         if other.run_first_send is not None:
             self.run_first_send = (other.run_first_send if self.run_first_send is None
                                    else min(self.run_first_send, other.run_first_send))
@@ -371,13 +407,17 @@ class LevelPart:
 
 def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches: int,
                     slo: Dict[str, Optional[float]],
-                    per_token_itl: Optional[bool] = None) -> LevelPart:
+                    per_token_itl: Optional[bool] = None,
+                    samples_path: Optional[str] = None) -> LevelPart:
     """Reduce one process's requests to a LevelPart for the window [ws, we) (ws == we == 0: no
     window). Window requests are those flagged in_window by the load generator.
     `per_token_itl`, when the caller tracked it as the requests finished (every successful
     request had per-chunk counts, and one succeeded), lets `requests` be a stream read once
-    (the load generator's spool) instead of a list."""
+    (the load generator's spool) instead of a list. `samples_path`: the sample series are
+    written to files of that prefix (LevelPart.spill_to) instead of kept in memory."""
     part = LevelPart(ws=ws, we=we, batches=batches)
+    if samples_path is not None:
+        part.spill_to(samples_path)
     has_window = we > ws > 0
     nb = batches if has_window else 0
     part.batch_tokens = [0.0] * nb
@@ -431,13 +471,13 @@ def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches
             if meets_slo(r, slo):
                 part.window_good += 1
             _append_latencies(r, part.ttft, part.tpot, part.e2e)
-            for value, weight in itl_samples(r, part.per_token_itl):
-                part.itl_values.append(value)
-                part.itl_weights.append(weight)
-    return part
+            pairs = itl_samples(r, part.per_token_itl)
+            if pairs:
+                part.itl.extend([v for v, _w in pairs], [w for _v, w in pairs])
+    return part.seal()
 
 
-def _append_latencies(r: RequestTiming, ttft: list, tpot: list, e2e: list) -> None:
+def _append_latencies(r: RequestTiming, ttft: Samples, tpot: Samples, e2e: Samples) -> None:
     ttft.append(ttft_ns(r))
     e2e.append(e2e_ns(r))
     value = tpot_ns(r)
@@ -453,47 +493,41 @@ def _ms(value_ns: Optional[float], digits: int = 5) -> Optional[float]:
     return None if value_ns is None else round(value_ns / NS_PER_MS, digits)
 
 
-def _pcts(values: Sequence[float], qs: Sequence[float]) -> List[Optional[float]]:
-    ordered = sorted(values)
-    return [_ms(percentile(ordered, q)) for q in qs]
+def _pcts(samples: Samples, qs: Sequence[float]) -> List[Optional[float]]:
+    """Percentiles of a series (weighted or not), ms: exact (samples.quantiles)."""
+    return [_ms(value) for value in quantiles(samples, qs)]
 
 
-def _mean_ms(values: Sequence[float]) -> Optional[float]:
-    return _ms(sum(values) / len(values)) if values else None
+def _mean_ms(samples: Samples) -> Optional[float]:
+    return _ms(sample_mean(samples))
 
 
-def _std_ms(values: Sequence[float]) -> Optional[float]:
+def _std_ms(samples: Samples) -> Optional[float]:
     """Population standard deviation (divisor n), as numpy.std's default (ddof=0), which vLLM's
     benchmark_serving uses for its std_*_ms: the same figure from the same samples."""
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    return _ms(math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)))
-
-
-def _weighted_std_ms(values: Sequence[float], weights: Sequence[float]) -> Optional[float]:
-    """_std_ms of `values` each counted `weight` times (the per-token ITL samples: a k-token
-    chunk is k gaps of gap/k, as the ITL percentiles and mean count it)."""
-    total = sum(weights)
-    if not total:
-        return None
-    mean = sum(v * w for v, w in zip(values, weights)) / total
-    return _ms(math.sqrt(sum(w * (v - mean) ** 2 for v, w in zip(values, weights)) / total))
+    return _ms(sample_std(samples))
 
 
 def level_row(host: str, profile: str, concurrency: int, part: LevelPart,
-              slo: Dict[str, Optional[float]]) -> LevelRow:
+              slo: Dict[str, Optional[float]], percentiles: Sequence[float] = ()) -> LevelRow:
     """Turn merged LevelPart sums into the level row. Client-honesty fields (CPU, lag,
-    client_limited) are filled in by the load generator, which measured them."""
+    client_limited) are filled in by the load generator, which measured them. `percentiles`:
+    the ones asked for beside STANDARD_PERCENTILES (llm_bench's `percentiles`), each a column
+    of TTFT, TPOT, ITL and E2E (results/levels.py percentile_column)."""
     window_s = (part.we - part.ws) / NS_PER_S if part.we > part.ws > 0 else 0.0
     has_window = window_s > 0
-    ttft50, ttft90, ttft99 = _pcts(part.ttft, (50, 90, 99))
-    tpot50, tpot90, tpot99 = _pcts(part.tpot, (50, 90, 99))
-    e2e50, e2e90, e2e99 = _pcts(part.e2e, (50, 90, 99))
-    itl_pairs = list(zip(part.itl_values, part.itl_weights))
-    itl50, itl90, itl99 = (_ms(weighted_percentile(itl_pairs, q)) for q in (50, 90, 99))
-    total_w = sum(part.itl_weights)
-    itl_mean = (_ms(sum(v * w for v, w in itl_pairs) / total_w) if total_w else None)
+    extra = extra_percentiles(percentiles)
+    qs = tuple(STANDARD_PERCENTILES) + tuple(extra)
+    figures = {metric: _pcts(getattr(part, metric), qs)
+               for metric, _header, _vllm in PERCENTILE_METRICS}
+    ttft50, ttft90, ttft99 = figures["ttft"][:3]
+    tpot50, tpot90, tpot99 = figures["tpot"][:3]
+    e2e50, e2e90, e2e99 = figures["e2e"][:3]
+    itl50, itl90, itl99 = figures["itl"][:3]
+    total_w, itl_mean_ns, itl_std_ns = weighted_sums(part.itl)
+    itl_mean = _ms(itl_mean_ns) if total_w else None
+    extra_columns = {percentile_column(metric, q): values[3 + i]
+                     for metric, values in figures.items() for i, q in enumerate(extra)}
     ci = None
     if has_window and part.batch_tokens:
         batch_s = window_s / len(part.batch_tokens)
@@ -524,7 +558,7 @@ def level_row(host: str, profile: str, concurrency: int, part: LevelPart,
         itl_mean_ms=itl_mean, itl_p90_ms=itl90, e2e_p90_ms=e2e90,
         e2e_mean_ms=_mean_ms(part.e2e),
         ttft_std_ms=_std_ms(part.ttft), tpot_std_ms=_std_ms(part.tpot),
-        itl_std_ms=_weighted_std_ms(part.itl_values, part.itl_weights),
+        itl_std_ms=_ms(itl_std_ns) if total_w else None,
         e2e_std_ms=_std_ms(part.e2e),
         ci_batches=len(part.batch_tokens) if has_window else 0,
         run_s=None if run_s is None else round(run_s, 4),
@@ -539,6 +573,7 @@ def level_row(host: str, profile: str, concurrency: int, part: LevelPart,
         send_lateness_p50_ms=_pcts(part.lateness, (50,))[0] if part.lateness else None,
         send_lateness_p99_ms=_pcts(part.lateness, (99,))[0] if part.lateness else None,
         first_error=part.first_error,
+        extra_percentiles=extra_columns,
     )
 
 

@@ -52,6 +52,8 @@ ARGUMENT_SPEC = dict(
     stall_timeout=dict(type="float", default=_default("stall_timeout")),
     slo=dict(type="dict", default={}),
     ci_batches=dict(type="int", default=_default("ci_batches")),
+    # Ranges checked by LevelConfig.validate (strictly between 0 and 100, each once).
+    percentiles=dict(type="list", elements="float"),
     target_ci_pct=dict(type="float"),
     processes=dict(type="int", default=_default("processes")),
     drain_timeout=dict(type="float", default=_default("drain_timeout")),

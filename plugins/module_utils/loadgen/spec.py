@@ -8,7 +8,7 @@ value naming the field and the fix, before anything is sent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http import (
     APIS, RX_KERNEL, RX_MODES, Endpoint,
@@ -16,6 +16,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.http impo
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.sender import (
     ARRIVAL_CONSTANT, ARRIVAL_GAMMA, ARRIVAL_POISSON, check_burstiness,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.percentiles import check_percentiles
 
 LOAD_MODES = ("concurrency", "rate")
 ARRIVALS = (ARRIVAL_POISSON, ARRIVAL_CONSTANT, ARRIVAL_GAMMA)
@@ -49,6 +50,9 @@ class LevelConfig:
     ramp_seconds: float = 0.5                    # closed loop: worker starts spread over this
     slo: Dict[str, Optional[float]] = field(default_factory=dict)
     ci_batches: int = 10
+    # Percentiles reported beside p50/p90/p99 of TTFT, TPOT, ITL and E2E, each a column
+    # (results/percentiles.py): e.g. [95, 99.9]; None or [] for none.
+    percentiles: Optional[List[float]] = None
     target_ci_pct: Optional[float] = None
     processes: int = 0              # 0: automatic (auto_processes), per level
     drain_timeout: float = 30.0     # s to wait for an idle server after the level; 0: no wait
@@ -102,6 +106,9 @@ class LevelConfig:
         if self.level_timeout <= self.level_seconds:
             bad("level_timeout", "must exceed level_seconds (%s): it bounds warmup + window + "
                                  "tail" % self.level_seconds)
+        problem = check_percentiles(self.percentiles)
+        if problem:     # already "percentiles: ...", the fix included
+            raise LoadgenError(problem)
         if self.ci_batches < 2:
             bad("ci_batches", "expected >= 2 batches for a confidence interval")
         if self.target_ci_pct is not None and self.target_ci_pct <= 0:

@@ -16,8 +16,8 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import row_repeat
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
-    COUNT, FIELD, KIND_BOOL, KIND_INT, KIND_STR, LAYOUTS, LOAD_MODE_RATE, QUANTILES, SPREAD,
-    VIEW_LINE, Cell, as_bool,
+    COUNT, KIND_BOOL, KIND_INT, KIND_STR, LAYOUTS, LOAD_MODE_RATE, QUANTILES, SPREAD,
+    VIEW_LINE, Cell, as_bool, field_of,
 )
 
 MISSING = "-"
@@ -27,11 +27,19 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _field(name: str):
+    """The field of a column: the table's, or a chosen percentile's (levels.field_of)."""
+    f = field_of(name)
+    if f is None:
+        raise KeyError(name)
+    return f
+
+
 def format_value(name: str, value) -> str:
     """One field's value as every view shows it: its format spec, "-" when not measured."""
     if _missing(value):
         return MISSING
-    f = FIELD.get(name)
+    f = field_of(name)
     if f is None or f.kind == KIND_STR:
         return str(value)
     if f.kind == KIND_BOOL:
@@ -59,13 +67,13 @@ def _common_lead(headers: List[str]) -> List[str]:
 
 
 def _unit(cell: Cell) -> str:
-    unit = FIELD[cell.fields[0]].unit
+    unit = _field(cell.fields[0]).unit
     return " " + unit if unit else ""
 
 
 def _quantile_label(cell: Cell) -> str:
     """'TTFT p50 / p99' for the cell of TTFT p50 and TTFT p99."""
-    headers = [FIELD[n].header for n in cell.fields]
+    headers = [_field(n).header for n in cell.fields]
     lead = _common_lead(headers)
     rest = [" ".join(h.split()[len(lead):]) for h in headers]
     return " ".join(lead + [" / ".join(rest)])
@@ -73,13 +81,13 @@ def _quantile_label(cell: Cell) -> str:
 
 def cell_header(cell: Cell) -> str:
     """A cell's column title, from its fields' headers and unit."""
-    first = FIELD[cell.fields[0]]
+    first = _field(cell.fields[0])
     if cell.shape == SPREAD:
-        return "%s ± %s" % (first.title, FIELD[cell.fields[1]].header)
+        return "%s ± %s" % (first.title, _field(cell.fields[1]).header)
     if cell.shape == QUANTILES:
         return _quantile_label(cell) + _unit(cell)
     if cell.shape == COUNT:
-        return "/".join(FIELD[n].header for n in cell.fields)
+        return "/".join(_field(n).header for n in cell.fields)
     return first.title
 
 
@@ -103,8 +111,8 @@ def cell_phrase(cell: Cell, row: Mapping) -> str:
     if cell.shape == QUANTILES:
         return "%s %s%s" % (_quantile_label(cell).replace(" / ", "/"), text, _unit(cell))
     if cell.shape == COUNT:
-        return "%s %s" % (FIELD[cell.fields[0]].header, text)
-    return "%s %s%s" % (FIELD[cell.fields[0]].header, text, _unit(cell))
+        return "%s %s" % (_field(cell.fields[0]).header, text)
+    return "%s %s%s" % (_field(cell.fields[0]).header, text, _unit(cell))
 
 
 def view_headers(view: str) -> List[str]:
@@ -120,7 +128,7 @@ def level_label(row: Mapping) -> str:
     """Which level a row is: 'C=8', or 'rate=2.50/s' for an open-loop level."""
     if row.get("load_mode") == LOAD_MODE_RATE:
         return "rate=%s/s" % format_value("request_rate", row.get("request_rate"))
-    return "%s=%s" % (FIELD["concurrency"].header,
+    return "%s=%s" % (_field("concurrency").header,
                       format_value("concurrency", row.get("concurrency")))
 
 
@@ -132,9 +140,9 @@ def level_line(row: Mapping, repeats: Optional[int] = None) -> str:
     where = "%s/%s %s" % (row.get("host", "?"), row.get("profile", "?"), level_label(row))
     repeat = row_repeat(row)
     if repeats and repeats > 1:
-        where += " %s %d/%d" % (FIELD["repeat"].header, repeat, repeats)
+        where += " %s %d/%d" % (_field("repeat").header, repeat, repeats)
     elif repeat > 1:
-        where += " %s %d" % (FIELD["repeat"].header, repeat)
+        where += " %s %d" % (_field("repeat").header, repeat)
     figures = ", ".join(cell_phrase(cell, row) for cell in LAYOUTS[VIEW_LINE])
     notes = [n for n in [level_verdict(row).note] + level_flags(row) if n]
     return "%s: %s" % (where, figures) + (" | " + "; ".join(notes) if notes else "")

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS
+from ansible_collections.servelab.serving.plugins.module_utils.results.percentiles import (
+    METRIC_HEADER, METRIC_MEANING, METRIC_VLLM, percentile_columns, percentile_parts, percentile_word,
+)
 
 # --------------------------------------------------------------------------------------------
 # The words of the row's text fields
@@ -140,6 +143,9 @@ class LevelRow:
     gpu_samples: Optional[int] = None
     # Flattened into the server_* columns of levels.csv (SERVER fields below).
     server_metrics: Dict[str, float] = field(default_factory=dict)
+    # The percentiles asked for beside the standard ones (llm_bench's `percentiles`): column
+    # name (percentile_column) -> ms; flattened into the row (row_dict), after FIXED_COLUMNS.
+    extra_percentiles: Dict[str, Optional[float]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,12 +439,46 @@ ROW_COLUMNS: Tuple[str, ...] = tuple(LEVEL_COLUMNS) + EXTRA_COLUMNS
 FIXED_COLUMNS: Tuple[str, ...] = ROW_COLUMNS + tuple(f.name for f in FIELDS if f.server)
 
 
-def csv_columns(server_names: Iterable[str] = ()) -> List[str]:
-    """levels.csv's header: FIXED_COLUMNS, then any of `server_names` (the server figures the
-    rows hold) the field table does not know, sorted (kept rather than dropped: a figure a newer
-    version wrote must not vanish from the export). Every figure loadgen/server_metrics.py
-    makes has a field (tests/unit/test_results_levels.py), so a run's header is FIXED_COLUMNS."""
-    return list(FIXED_COLUMNS) + sorted(set(server_names) - set(FIXED_COLUMNS))
+# --------------------------------------------------------------------------------------------
+# The columns of the percentiles chosen by the user (results/percentiles.py)
+
+
+def percentile_field(name: str) -> Optional["LevelField"]:
+    """The field of a chosen percentile's column (like the fixed ones': ms, one decimal), or
+    None for a name that is not one."""
+    parts = percentile_parts(name)
+    if parts is None:
+        return None
+    metric, q = parts
+    word = percentile_word(q)
+    return LevelField(name, "ms", "%s p%s" % (METRIC_HEADER[metric], word), ".1f",
+                      "%s, p%s %s (a percentile asked for with bench_percentiles)"
+                      % (METRIC_MEANING[metric], word, _WINDOW),
+                      KIND_FLOAT, True, False, vllm=("p%s_%s_ms" % (word, METRIC_VLLM[metric]),))
+
+
+def field_of(name: str) -> Optional["LevelField"]:
+    """The field of a column: the table's, or a chosen percentile's; None for others."""
+    return FIELD.get(name) or percentile_field(name)
+
+
+def row_dict(row: LevelRow) -> dict:
+    """The level row as the part files, levels.csv and llm_bench's result carry it: the
+    dataclass's fields, the chosen percentiles flattened into their own columns."""
+    out = asdict(row)
+    out.update(out.pop("extra_percentiles") or {})
+    return out
+
+
+def csv_columns(server_names: Iterable[str] = (), names: Iterable[str] = ()) -> List[str]:
+    """levels.csv's header: FIXED_COLUMNS, then the chosen percentiles' columns among `names`
+    (the columns the rows hold; percentile_columns' order), then any of `server_names` (the
+    server figures the rows hold) the field table does not know, sorted (kept rather than
+    dropped: a figure a newer version wrote must not vanish from the export). Every figure
+    loadgen/server_metrics.py makes has a field (tests/unit/test_results_levels.py), so a run
+    that chose no percentiles has FIXED_COLUMNS."""
+    return (list(FIXED_COLUMNS) + percentile_columns(names)
+            + sorted(set(server_names) - set(FIXED_COLUMNS)))
 
 
 # vLLM's result `date` format (benchmark_serving: datetime.now().strftime), written in UTC here.
@@ -554,7 +594,7 @@ def row_from_csv(record: Mapping[str, Optional[str]]) -> dict:
         if name is None:            # cells beyond the header: nothing to name them by
             continue
         text = "" if text is None else str(text)
-        f = FIELD.get(name)
+        f = field_of(name)
         if f is not None and not f.server:
             row[name] = _read_cell(f, text)
         elif f is not None or name.startswith("server_"):

@@ -111,7 +111,8 @@ def read_parts(parts_dir: str) -> List[Tuple[dict, str]]:
 
 def levels_csv(rows: List[dict]) -> str:
     """levels.csv text: LEVEL_COLUMNS first, then the extra columns, then server_* columns."""
-    columns = csv_columns(k for r in rows for k in (r.get("server_metrics") or {}))
+    columns = csv_columns((k for r in rows for k in (r.get("server_metrics") or {})),
+                          (k for r in rows for k in r))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
@@ -135,10 +136,21 @@ def rebuild_run_files(run_dir: str) -> List[dict]:
     parts = read_parts(os.path.join(run_dir, PARTS_DIR))
     rows = [row for row, _jsonl in parts]
     atomic_write_text(os.path.join(run_dir, LEVELS), levels_csv(rows))
-    chunks = []
-    for _key, jsonl in parts:
-        if os.path.exists(jsonl):
-            with open(jsonl, encoding="utf-8") as fh:
-                chunks.append(fh.read())
-    atomic_write_text(os.path.join(run_dir, REQUESTS), "".join(chunks))
+    atomic_write_chunks(os.path.join(run_dir, REQUESTS),
+                        _file_chunks([jsonl for _key, jsonl in parts]))
     return rows
+
+
+def _file_chunks(paths: List[str], size: int = 1 << 20) -> Iterator[bytes]:
+    """The files' bytes in order, a MiB at a time (a run's records are never held whole)."""
+    for path in paths:
+        try:
+            fh = open(path, "rb")
+        except FileNotFoundError:
+            continue
+        with fh:
+            while True:
+                chunk = fh.read(size)
+                if not chunk:
+                    break
+                yield chunk

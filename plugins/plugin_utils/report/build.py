@@ -19,6 +19,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report import dis
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import export
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import fleet
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import plots
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import percentile_table
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule_plot
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import repeats
@@ -221,6 +222,7 @@ def build_report(
         derived=derived,
     )
     content.sections += repeats.sections(content)
+    content.sections += percentile_table.sections(content)
     # Too few repeats for their interval: said in the report's warnings and by the CLI.
     few = repeats.repeats_warning(content)
     if few:
@@ -231,11 +233,14 @@ def build_report(
     if with_plots:
         badge = figure_data.time_scale_badge(context.records, measured)
         chosen = figure_data.cdf_levels_for(levels, crossovers, cdf_levels)
-        samples, more = distributions.read_samples(
-            run.records.request_files if run.records is not None else [],
-            distributions.wanted_levels(levels, chosen))
+        # The drawn levels' samples go to files (per token for ITL: bounded memory), read
+        # back for the curves, then removed.
+        with tempfile.TemporaryDirectory(prefix="servelab-report-") as spill:
+            samples, more = distributions.read_samples(
+                run.records.request_files if run.records is not None else [],
+                distributions.wanted_levels(levels, chosen), spill)
+            series = distributions.cdf_series(levels, chosen, samples)
         warnings += more
-        series = distributions.cdf_series(levels, chosen, samples)
         figures = {
             "throughput.png": plots.plot_throughput(levels, baseline, crossovers, badge),
             "latency.png": plots.plot_latency(levels, baseline, badge),

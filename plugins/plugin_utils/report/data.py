@@ -37,11 +37,11 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
     level_verdict,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
-    FIELD,
     KIND_FLOAT,
     KIND_INT,
     LOAD_MODE_RATE,
     as_bool,
+    field_of,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     PartError,
@@ -169,7 +169,8 @@ def level_frame(
     frame["concurrency"] = concurrency.astype(int)
     for column in frame.columns:
         # Figures are numbers (NaN = not measured) whatever file they came from.
-        kind = FIELD[column].kind if column in FIELD else None
+        f = field_of(column)
+        kind = f.kind if f is not None else None
         if kind in (KIND_INT, KIND_FLOAT) and column != "concurrency":
             frame[column] = pd.to_numeric(frame[column], errors="coerce")
     frame["client_limited"] = frame["client_limited"].map(as_bool).astype(bool)

@@ -28,13 +28,13 @@ except ImportError:  # pragma: no cover - checked by the action plugin
 
 from ansible_collections.servelab.serving.plugins.module_utils.redact import collect_secrets, redact_text
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
-    FIELD,
     KIND_BOOL,
     KIND_FLOAT,
     KIND_INT,
     KIND_STR,
     ROW_COLUMNS,
     csv_columns,
+    field_of,
     level_date,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.describing import describe
@@ -72,7 +72,12 @@ REQUEST_COLUMNS = (
     ("chunks", KIND_INT), ("error", KIND_STR), ("error_kind", KIND_STR),
     ("in_window", KIND_BOOL), ("phase", KIND_STR), ("server_id", KIND_STR),
     ("queue_ms", KIND_FLOAT),
+    # The inter-token gaps as the record writes them (module_utils/results/request_itl.py).
+    ("itl", KIND_STR), ("itl_basis", KIND_STR),
 )
+# requests.parquet is written in row groups of this many records: the report holds one group's
+# records at a time, not the run's (each record carries its gaps, ~6 bytes a token).
+REQUEST_BATCH = 4096
 
 _PANDAS = {KIND_INT: "Int64", KIND_FLOAT: "float64", KIND_BOOL: "boolean", KIND_STR: "string"}
 _JSON = {KIND_INT: "integer", KIND_FLOAT: "number", KIND_BOOL: "boolean", KIND_STR: "string"}
@@ -108,10 +113,11 @@ def _described(rows: list, manifest: dict, run_id: str, secrets=frozenset()) -> 
 
 def level_columns(rows: list) -> list:
     """Describing columns, then levels.csv's (csv_columns: the same columns for every run, in
-    the same order, whatever it measured), then any the rows hold that neither defines, sorted
-    (an older or hand-made levels.csv's own columns, e.g. `status`)."""
+    the same order, whatever it measured; then the chosen percentiles' columns), then any the
+    rows hold that neither defines, sorted (an older or hand-made levels.csv's own columns,
+    e.g. `status`)."""
     names = [name for name, _kind, _meaning in DESCRIBING] + csv_columns(
-        k for row in rows for k in row if k.startswith("server_"))
+        (k for row in rows for k in row if k.startswith("server_")), (k for row in rows for k in row))
     present = {k for row in rows for k in row}
     return names + sorted(present - set(names))
 
@@ -120,7 +126,7 @@ def _kind(name: str) -> str:
     for described, kind, _meaning in DESCRIBING:
         if described == name:
             return kind
-    f = FIELD.get(name)
+    f = field_of(name)
     if f is not None:
         return f.kind
     return KIND_FLOAT if name.startswith("server_") else KIND_STR
@@ -156,7 +162,7 @@ def levels_schema(columns: list) -> dict:
     props = {}
     for name in columns:
         kind = _kind(name)
-        f = FIELD.get(name)
+        f = field_of(name)
         meaning = next((m for n, _k, m in DESCRIBING if n == name), None) or (
             f.meaning if f else "the server's /metrics figure %s" % name)
         prop = {"type": [_JSON[kind], "null"], "description": meaning}
@@ -190,8 +196,8 @@ def _json_value(value):
     return value
 
 
-def _request_records(request_files: list, secrets) -> list:
-    records = []
+def _request_records(request_files: list, secrets):
+    """The request records of `request_files`, one at a time, in order."""
     for path in request_files:
         try:
             with open(path, encoding="utf-8") as fh:
@@ -204,15 +210,41 @@ def _request_records(request_files: list, secrets) -> list:
                         if isinstance(record, dict):
                             # Written before repeats existed: its level's only measurement.
                             record.setdefault("repeat", 1)
-                            records.append(_redacted(record, REQUEST_TEXTS, secrets))
+                            yield _redacted(record, REQUEST_TEXTS, secrets)
         except FileNotFoundError:
             continue
-    return records
+
+
+def _batches(records, size: int):
+    batch = []
+    for record in records:
+        batch.append(record)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _requests_parquet(request_files: list, secrets) -> bytes:
-    return _parquet(_typed_frame(_request_records(request_files, secrets),
-                                 [n for n, _k in REQUEST_COLUMNS], dict(REQUEST_COLUMNS)))
+    """requests.parquet, written REQUEST_BATCH records (one row group) at a time."""
+    import pyarrow.parquet as pq    # pandas' Parquet engine (export needs it anyway)
+    import pyarrow as pa
+    columns, kinds = [n for n, _k in REQUEST_COLUMNS], dict(REQUEST_COLUMNS)
+    buf = io.BytesIO()
+    writer = None
+    try:
+        for batch in _batches(_request_records(request_files, secrets), REQUEST_BATCH):
+            table = pa.Table.from_pandas(_typed_frame(batch, columns, kinds), preserve_index=False)
+            if writer is None:
+                writer = pq.ParquetWriter(buf, table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:      # no records: the typed, empty table
+        return _parquet(_typed_frame([], columns, kinds))
+    return buf.getvalue()
 
 
 def parquet_files(rows: list, request_files: list, manifest: dict, run_id: str) -> dict:
@@ -239,7 +271,7 @@ def export_files(rows: list, request_files: list, manifest: dict, run_id: str) -
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
         "columns": [dict({"name": n, "type": _JSON[kinds[n]]},
-                         **({"unit": FIELD[n].unit} if n in FIELD and FIELD[n].unit else {}))
+                         **({"unit": field_of(n).unit} if field_of(n) and field_of(n).unit else {}))
                     for n in columns],
         "levels": [{n: _json_value(row.get(n)) for n in columns} for row in described],
     }

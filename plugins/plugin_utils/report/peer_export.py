@@ -11,12 +11,13 @@ would name for it: the serve setting is the host and profile, the bench setting 
 (repeats) lists every repeat in its summary.json, `run_number` repeat - 1, as `sweep serve
 --num-runs` lists its runs.
 
-Only servelab's own figures are written, under vLLM's names and in its units (both are ms and
-tok/s, so nothing is rescaled): the names are the field table's (results/levels.py, each field's
-`vllm`), the latencies' std included (population std, numpy.std's default, as vLLM's), and `date`
-(the level's window start, in vLLM's format, UTC). What servelab does not measure is left out,
-never made up (vLLM's one-second peak output rate). Levels with no output rate are left out, as
-`sweep serve` leaves out a combination without a successful run.
+Only servelab's own figures are written, under vLLM's names and in its units (both are ms and tok/s,
+so nothing is rescaled): the names are the field table's (results/levels.py, each field's `vllm`),
+the latencies' std included (population std, numpy.std's default, as vLLM's), the percentiles chosen
+with bench_percentiles as vLLM names those of its --metric-percentiles (`p95_ttft_ms`,
+`p99.9_e2el_ms`), and `date` (the level's window start, in vLLM's format, UTC). What servelab does
+not measure is left out, never made up (vLLM's one-second peak output rate). Levels with no output
+rate are left out, as `sweep serve` leaves out a combination without a successful run.
 
 Controller only: bench_report writes these beside report.html (export.export_files).
 """
@@ -27,7 +28,10 @@ import math
 import os
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
-    FIELD, KIND_STR, VLLM_KEYS, level_date,
+    FIELD, KIND_STR, VLLM_KEYS, level_date, percentile_field,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results.percentiles import (
+    percentile_columns,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import row_repeat
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.analysis import (
@@ -85,6 +89,10 @@ def vllm_record(row: dict, described: dict) -> dict:
         record[name] = None if isinstance(value, float) and math.isnan(value) else value
     for key, name in _FIGURES:
         record[key] = _number(row.get(name))
+    # The percentiles the run asked for beyond p50/p90/p99 (bench_percentiles), under vLLM's
+    # names for its --metric-percentiles: p95_ttft_ms, p99.9_e2el_ms.
+    for name in percentile_columns(row):
+        record[percentile_field(name).vllm[0]] = _number(row.get(name))
     for key, name in _TEXTS:
         value = row.get(name)
         record[key] = value if isinstance(value, str) and value else None
