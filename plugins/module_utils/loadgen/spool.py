@@ -10,8 +10,9 @@ length (+55 MB/min at C=250, benchmarks/results/soak-2026-12-03.md). Now:
 2. When the level is over, the process reads its spool back once, in that order (the order its
    in-memory list had), reduces it to its LevelPart (metrics.reduce_requests, whose latency
    samples go to files beside the spool: loadgen/samples.py) and writes each request's row to
-   its rows file, as the part file will have it (RowsWriter; the spool is deleted then). It hands the controller a RowsIndex: the file, and each row's send time and
-   place in it (16 bytes per request).
+   its rows file, as the part file will have it (RowsWriter; the spool is deleted then). It
+   hands the controller a RowsIndex: the file, and each row's send time and place in it (16
+   bytes per request).
 3. The controller's RequestRows merges the processes' rows files by send time (as the sort of
    the rows in memory did: stable, process 0 first) and is what run_level returns as the level's
    requests: `lines()` streams them into the part file (results/parts.write_level_files),

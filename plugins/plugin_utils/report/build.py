@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import analysis
