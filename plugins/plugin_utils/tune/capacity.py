@@ -14,8 +14,9 @@ load comes next):
    for a concurrency). The bracket never holds a measured load, so no load is measured twice.
 4. Short levels first: while the bracket is wider than `short_tolerance`, levels run
    `short_seconds` (screening); then `full_seconds` until it is narrower than `tolerance` and a
-   full-length level met the SLO. The score is the best full-length passing level's: a short
-   level decides where to look, never the result.
+   full-length level met the SLO (inside the bracket while it is wider than 2 %, else just under
+   its bottom). The score is the best full-length passing level's: a short level decides where
+   to look, never the result.
 5. Pruning (successive halving's rule, per trial): any score at a load below hi is at most the
    throughput measured at hi (throughput grows with load; plus `margin` for a short level's
    noise), and in open loop at most hi itself (no more requests finish than arrive). Once that
@@ -47,6 +48,8 @@ AT_MAXIMUM = "at_maximum"   # the maximum load met it: the capacity is at least 
 MAX_LEVELS = "max_levels"   # the level budget ran out first
 FAILED = "failed"           # the server did not serve a level
 OUTCOMES = (FOUND, PRUNED, NONE_PASSED, AT_MAXIMUM, MAX_LEVELS, FAILED)
+# A bracket narrower than this is not split further to find a full-length pass inside it.
+CONFIRM_WIDTH = 0.02
 
 
 class SearchError(ValueError):
@@ -314,14 +317,19 @@ class Search:
                                       self._level_at(hi).judgement.reason))
             return Step(self._fresh(hi / spec.expand, True), phase, self._seconds(phase),
                         "no level met the SLO: down by %gx" % spec.expand)
-        if phase == FULL and self._width(lo, hi) <= spec.tolerance:
-            if any(m.phase == FULL for m in self._ok() if m.x <= lo):
+        if phase == FULL:
+            full_ok = any(m.phase == FULL for m in self._ok() if m.x <= lo)
+            width = self._width(lo, hi)
+            if full_ok and width <= spec.tolerance:
                 return self.finish(FOUND, "the capacity lies in [%s, %s)"
                                    % (self.label(lo), self.label(hi)))
-            # Only short levels met the SLO: confirm at full length just under lo.
-            return Step(self._fresh(lo * (1.0 - spec.tolerance) if not spec.integer
-                                    else lo - 1, True), FULL, spec.full_seconds,
-                        "a full-length level must meet the SLO: just under %s" % self.label(lo))
+            if not full_ok and width <= CONFIRM_WIDTH:
+                # Only short levels met the SLO, and the bracket is too narrow to split: confirm
+                # at full length just under lo.
+                return Step(self._fresh(lo * (1.0 - spec.tolerance / 4) if not spec.integer
+                                        else lo - 1, True), FULL, spec.full_seconds,
+                            "a full-length level must meet the SLO: just under %s"
+                            % self.label(lo))
         return Step(self._fresh(self._middle(lo, hi), True), phase, self._seconds(phase),
                     "bisect [%s, %s)" % (self.label(lo), self.label(hi)))
 
