@@ -11,7 +11,7 @@ from collections import deque
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.simulator import (
-    admission, predictor, server,
+    admission, des, predictor, server,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import PROFILES
 
@@ -70,11 +70,11 @@ def test_predictions_are_unchanged_and_admit_through_the_rule(monkeypatch, profi
     calls = []
 
     def spy(*args, **kw):
-        new = admission.admit(*args, **kw)
-        calls.append(len(new))
-        return new
+        plan = admission.plan_step(*args, **kw)
+        calls.append(len(plan.admitted))
+        return plan
 
-    monkeypatch.setattr(predictor, "admit", spy)
+    monkeypatch.setattr(des, "plan_step", spy)      # the engine predict_level runs
     pred = predictor.predict_level(profile, c)
     assert (pred.output_tok_s, pred.ttft_ms, pred.mean_queued) == (tok_s, ttft_ms, queued)
     assert calls and sum(calls) >= 2 * c               # every admission went through the rule
@@ -85,12 +85,13 @@ def test_the_live_server_admits_through_the_same_rule(monkeypatch):
     holds the second back while the first runs."""
     calls = []
 
-    def spy(queue, running, p, prompt_tokens, gone=None):
-        new = admission.admit(queue, running, p, prompt_tokens, gone)
+    def spy(queue, prefilling, running, p, prompt_tokens, gone=None, **kw):
+        plan = admission.plan_step(queue, prefilling, running, p, prompt_tokens, gone, **kw)
+        new = plan.admitted
         calls.append((running, len(queue) + len(new), len(new)))
-        return new
+        return plan
 
-    monkeypatch.setattr(server, "admit", spy)
+    monkeypatch.setattr(server, "plan_step", spy)
     profile = dataclasses.replace(PROFILES["baseline"], max_running=1, request_overhead_ms=0.0)
 
     async def post(port):

@@ -23,7 +23,11 @@ def test_the_zipapp_holds_every_module_of_the_package_as_the_checkout_has_it():
         names = set(zf.namelist())
         package = {PREFIX + os.path.relpath(p, MODULE_UTILS)
                    for p in glob.glob(os.path.join(MODULE_UTILS, "simulator", "*.py"))}
+        controller = {PREFIX + f"simulator/{name}.py" for name in simulator_file.CONTROLLER_ONLY}
+        assert controller <= package                     # each one named exists
+        package -= controller
         assert package <= names, sorted(package - names)
+        assert not controller & names                    # and stays on the controller
         for name in package | {PREFIX + "netstamp.py"}:
             with open(os.path.join(MODULE_UTILS, name[len(PREFIX):]), encoding="utf-8") as fh:
                 assert zf.read(name).decode("utf-8") == fh.read(), name

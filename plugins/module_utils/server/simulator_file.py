@@ -29,19 +29,26 @@ try:  # optional import for AnsiballZ: shipped when present, a clear error at us
     from ansible_collections.servelab.serving.plugins.module_utils import netstamp as _netstamp
     from ansible_collections.servelab.serving.plugins.module_utils import simulator as _simulator
     from ansible_collections.servelab.serving.plugins.module_utils.simulator import (
-        admission as _admission, cli as _cli, emission as _emission, listener as _listener,
-        predictor as _predictor, profiles as _profiles, protocol as _protocol,
-        requests as _requests, server as _server, tokens as _tokens, truth as _truth,
+        admission as _admission, cli as _cli, des as _des, effects as _effects,
+        emission as _emission, listener as _listener, predictor as _predictor,
+        profiles as _profiles, protocol as _protocol, requests as _requests, server as _server,
+        tokens as _tokens, truth as _truth,
     )
     # Every module the zipapp holds: the simulator package and what it imports of module_utils.
     # tests/unit/test_simulator_file.py runs the archive in an isolated interpreter, so a module
     # missing here fails there.
-    _SHIPPED: tuple = (_simulator, _admission, _cli, _emission, _listener, _predictor, _profiles,
-                       _protocol, _requests, _server, _tokens, _truth, _netstamp)
+    _SHIPPED: tuple = (_simulator, _admission, _cli, _des, _effects, _emission, _listener,
+                       _predictor, _profiles, _protocol, _requests, _server, _tokens, _truth,
+                       _netstamp)
     _IMPORT_ERROR: Optional[BaseException] = None
 except ImportError as _exc:  # pragma: no cover - depends on the checkout
     _SHIPPED = ()
     _IMPORT_ERROR = _exc
+
+# Modules of the simulator package that the server never imports and the zipapp leaves out: they
+# run on the controller, for the tuner (runs.py: predict_run, which imports the load generator;
+# knobs.py: SGLang's flags in the simulator's terms).
+CONTROLLER_ONLY = ("knobs", "runs")
 
 SCRIPT_NAME = "servelab_simulator.pyz"
 # The single-file script of earlier releases: a server started by one of them still runs it

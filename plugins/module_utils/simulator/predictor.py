@@ -3,18 +3,14 @@ admission rule, step formula and seeded draws), and the fit report against the f
 Standard library only."""
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from ansible_collections.servelab.serving.plugins.module_utils.simulator.admission import admit
+from ansible_collections.servelab.serving.plugins.module_utils.simulator import des
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (
     DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, PROFILES, SATURATION_CONCURRENCY, SimError,
-    SimProfile, _positive_float, resolve_profile, single_stream_tok_s, spec_accept_cdf,
-    speculation_on, step_ms, switch_ms,
+    SimProfile, _positive_float, resolve_profile, single_stream_tok_s,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.simulator.requests import _Draws, overhead_factor
 
 
 @dataclass(frozen=True)
@@ -81,99 +77,60 @@ def _prediction(p, c, pt, ot, ts, tok_s_model, ttft, tpot, e2e, running, queued,
         mean_queued=queued, method=method)
 
 
+class _LevelWindow(des.Observer):
+    """predict_level's measurement: C clients, each sending its next request when the last one
+    finished; two rounds (2*C completions) of warm-up, then at least 4 rounds and
+    MIN_MEASURED_REQUESTS completions measured."""
+
+    def __init__(self, engine: des.Engine, C: int, O: int):  # noqa: E741 (the model's names)
+        self.engine, self.O = engine, O
+        self.start_at = 2 * C
+        self.stop_at = self.start_at + max(4 * C, MIN_MEASURED_REQUESTS)
+        self.done = self.measured = 0
+        self.t_a: Optional[float] = None
+        self.tokens = 0
+        self.sum_ttft = self.sum_tpot = self.sum_e2e = 0.0
+        self.area_running = self.area_queued = 0.0
+        self.window = 0.0
+
+    def on_step(self, t, dt, emitted, batch, queued, firsts):
+        if self.t_a is not None:
+            self.tokens += emitted
+            self.area_running += batch * dt
+            self.area_queued += queued * dt
+
+    def on_finish(self, req, t):
+        self.done += 1
+        if self.t_a is not None:
+            O = self.O  # noqa: E741
+            self.sum_ttft += req[des.FIRST] - req[des.SEND]
+            self.sum_e2e += t - req[des.SEND]
+            self.sum_tpot += (t - req[des.FIRST]) / (O - 1) if O > 1 else 0.0
+            self.measured += 1
+        self.engine.send(t)
+
+    def end_step(self, t):
+        if self.t_a is None and self.done >= self.start_at:
+            self.t_a = t
+        elif self.t_a is not None and self.done >= self.stop_at:
+            self.window = t - self.t_a
+            return True
+        return False
+
+
 def _simulate_closed_loop(p: SimProfile, C: int, P: int, O: int, ts: float,  # noqa: E741 (the model's C, P, O)
                           seed: int) -> LevelPrediction:
-    """Per-request discrete-event run in model milliseconds. A request is a list
-    [remaining tokens, t_send, t_first, draws or None]."""
-    fixed_k = p.tokens_per_chunk
-    cdf = (spec_accept_cdf(p.spec_accept_rate, p.spec_num_steps)
-           if p.speculative and not fixed_k else None)
-    per_step = fixed_k or 1
-    first = min(O, fixed_k or 1)
-    t = 0.0
-
-    def prompt_tokens(_req: list) -> int:
-        return P                               # every request of the workload has P
-
-    pending: List[Tuple[float, int, list]] = []   # heap of (t_eligible, arrival index, request)
-    arrivals = 0
-
-    def send(now: float) -> None:
-        nonlocal arrivals
-        arrivals += 1
-        draws = None if cdf is None else _Draws(seed, arrivals, cdf)
-        eligible = now + p.request_overhead_ms * overhead_factor(p, seed, arrivals)
-        heapq.heappush(pending, (eligible, arrivals, [0, now, 0.0, draws]))
-
+    """The discrete-event engine (des.py) in a closed loop of C clients, all starting at 0."""
+    engine = des.Engine(p, P, O, seed)
+    window = _LevelWindow(engine, C, O)
     for _i in range(C):
-        send(0.0)
-    queue: deque = deque()
-    running: List[list] = []
-    previous_on: Optional[bool] = None
-    done = 0
-    start_at = 2 * C
-    stop_at = start_at + max(4 * C, MIN_MEASURED_REQUESTS)
-    t_a: Optional[float] = None
-    tokens = 0
-    sum_ttft = sum_tpot = sum_e2e = 0.0
-    measured = 0
-    area_running = area_queued = 0.0
-    for _step in range(50_000_000):
-        if not running and not queue:
-            t = max(t, pending[0][0])          # idle: the next eligible request starts a step
-            while pending and pending[0][0] <= t:
-                queue.append(heapq.heappop(pending)[2])
-        while pending and pending[0][0] < t:   # became eligible during the last step
-            queue.append(heapq.heappop(pending)[2])
-        decoding = len(running)
-        new = admit(queue, decoding, p, prompt_tokens)
-        queued = len(queue)
-        on = speculation_on(p, decoding, len(new), previous_on)
-        dt = step_ms(p, decoding, len(new) * P, on) + switch_ms(p, on, previous_on)
-        previous_on = on
-        t += dt
-        emitted = 0
-        finished: List[list] = []
-        for req in running:
-            draws = req[3]
-            k = per_step if draws is None or not on else draws.next()
-            if k >= req[0]:
-                k = req[0]
-                finished.append(req)
-            req[0] -= k
-            emitted += k
-        for req in new:
-            req[2] = t
-            req[0] = O - first
-            emitted += first
-            if req[0] <= 0:
-                finished.append(req)
-            else:
-                running.append(req)
-        if t_a is not None:
-            tokens += emitted
-            area_running += (decoding + len(new)) * dt
-            area_queued += queued * dt
-        if finished:
-            gone = set(map(id, finished))
-            running = [r for r in running if id(r) not in gone]
-            for req in finished:
-                done += 1
-                if t_a is not None:
-                    sum_ttft += req[2] - req[1]
-                    sum_e2e += t - req[1]
-                    sum_tpot += (t - req[2]) / (O - 1) if O > 1 else 0.0
-                    measured += 1
-                send(t)
-        if t_a is None and done >= start_at:
-            t_a = t
-        elif t_a is not None and done >= stop_at:
-            window = t - t_a
-            n = max(1, measured)
-            return _prediction(p, C, P, O, ts, tokens / window * 1000.0, sum_ttft / n,
-                               sum_tpot / n, sum_e2e / n, area_running / window,
-                               area_queued / window, "discrete-event")
-    raise SimError("prediction did not reach a steady state (step budget exhausted)")
+        engine.send(0.0)
+    engine.run(window)
+    n = max(1, window.measured)
+    return _prediction(p, C, P, O, ts, window.tokens / window.window * 1000.0,
+                       window.sum_ttft / n, window.sum_tpot / n, window.sum_e2e / n,
+                       window.area_running / window.window, window.area_queued / window.window,
+                       "discrete-event")
 
 
 def predict_crossover(baseline, spec, levels: Sequence[int],

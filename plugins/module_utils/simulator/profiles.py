@@ -5,7 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from ansible_collections.servelab.serving.plugins.module_utils.simulator import effects
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.effects import (
+    StepModel, moe_fraction as _moe_fraction,
+)
 
 VERSION = "0.1.0"
 
@@ -23,6 +28,13 @@ BYTES_PER_TOKEN = 4
 DEFAULT_OPENAI_MAX_TOKENS = 4096     # when a request gives no max_tokens
 DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 EXIT_DIE_AFTER = 3
+
+
+# Stated choices for the searched flags' effects (docs/simulator.md, "The searched flags"); none
+# is measured: the field ran one configuration. The tuner fits them to its trials.
+SPEC_TOPK_GAIN = 0.2            # each extra draft candidate at a depth catches 20 % of its misses
+WEIGHTS_MEM_FRACTION = 0.5      # the weights take half the GPU memory
+CUDA_GRAPH_EAGER_FACTOR = 2.0   # an eager decode step pays its fixed per-step cost twice
 
 
 class SimError(ValueError):
@@ -53,11 +65,28 @@ class SimProfile:
     speculative: bool = False
     spec_num_steps: int = 0               # draft depth: at most spec_num_steps + 1 tokens/step
     spec_accept_rate: float = 0.0         # chance each next draft token is accepted
-    spec_eagle_topk: int = 0              # reported only (server_info)
-    spec_num_draft_tokens: int = 0        # reported only (server_info)
+    spec_eagle_topk: int = 0              # draft candidates per step (0: 1, a chain)
+    spec_num_draft_tokens: int = 0        # tokens verified per request (0: steps + 1)
+    # The speculative shape (steps, topk, draft tokens) the acceptance and step costs above are
+    # stated at (0: the profile's own); another shape acts through effects.py's stated formulas.
+    spec_ref_num_steps: int = 0
+    spec_ref_eagle_topk: int = 0
+    spec_ref_draft_tokens: int = 0
+    spec_topk_gain: float = SPEC_TOPK_GAIN    # share of a depth's misses each extra candidate catches
+    spec_draft_step_ms: float = 0.0       # step cost per draft step, over the reference shape
+    spec_verify_token_ms: float = 0.0     # per request per verified token, over the reference
     natural_len_median: int = 384         # natural output length (without ignore_eos)
     natural_len_sigma: float = 0.7
-    kv_capacity_tokens: int = 1_000_000   # for sglang:token_usage
+    # KV pool in tokens (sglang:token_usage, admission); with mem_fraction_static set, the pool
+    # at fraction 1 (see effects.kv_pool_tokens).
+    kv_capacity_tokens: int = 1_000_000
+    mem_fraction_static: float = 0.0      # SGLang's flag; 0: not set (the pool is kv_capacity)
+    weights_mem_fraction: float = WEIGHTS_MEM_FRACTION  # GPU memory the weights take
+    chunked_prefill_size: int = 0         # prompt tokens per step, split across steps; <= 0: off
+    mixed_chunk: bool = True              # a step prefills and decodes together (False: prefill
+    #                                       steps run no decode, SGLang's default scheduler)
+    cuda_graph_max_bs: int = 0            # decode batches above it run eager; 0: none do
+    cuda_graph_eager_factor: float = CUDA_GRAPH_EAGER_FACTOR  # eager: fixed step cost times this
     step_ms: float = 12.0                 # fixed: gap between chunks
     ttft_ms: float = 50.0                 # fixed: request -> first chunk
     tokens_per_chunk: int = 0             # >0: every chunk carries this many tokens
@@ -72,21 +101,9 @@ class SimProfile:
     description: str = ""
 
 
-def spec_accept_mean(accept_rate: float, num_steps: int) -> float:
-    """Mean accepted length: 1 + a + a^2 + ... + a^num_steps (stop at the first rejection)."""
-    return sum(accept_rate ** i for i in range(num_steps + 1))
-
-
-def spec_accept_cdf(accept_rate: float, num_steps: int) -> List[float]:
-    """Cumulative P(accepted length <= k) for k = 1..num_steps+1, for inverse-CDF draws."""
-    probs = [(accept_rate ** (k - 1)) * (1 - accept_rate) for k in range(1, num_steps + 1)]
-    probs.append(accept_rate ** num_steps)
-    out, acc = [], 0.0
-    for p in probs:
-        acc += p
-        out.append(acc)
-    out[-1] = 1.0
-    return out
+# The accepted-length rules live in effects.py (the shape's acceptance); the names stay here.
+spec_accept_mean = effects.accept_mean
+spec_accept_cdf = effects.accept_cdf
 
 
 # Fitted parameters. How: benchmarks/sim_fit.py, a Nelder-Mead least-squares fit of
@@ -124,10 +141,6 @@ _FIT = {
 _SINGLE_STREAM = {"baseline": 92.6, "eagle3": 96.1, "baseline_cu128": 89.5, "eagle3_cu128": 54.1}
 
 
-def _moe_fraction(share: float, routed_tokens: float) -> float:
-    return 1.0 - (1.0 - share) ** routed_tokens if routed_tokens > 0 else 0.0
-
-
 _DESCRIPTIONS = {
     "baseline": "8x RTX PRO 6000, TP=8, CUDA 13 + allreduce fusion, no speculation",
     "eagle3": "as baseline with EAGLE-3 (16 draft tokens, topk 4, 5 steps)",
@@ -145,6 +158,7 @@ def fitted_profiles(fit: Mapping[str, float]) -> Dict[str, SimProfile]:
     with that base raised to match them (fusion saves a fixed per-step all-reduce cost);
     everything else is assumed unchanged."""
     out = {}
+    bases = {}
     for name, rate in _SINGLE_STREAM.items():
         speculative = name.startswith("eagle3")
         per_req = float(fit["eagle3_per_req_ms" if speculative else "baseline_per_req_ms"])
@@ -155,6 +169,20 @@ def fitted_profiles(fit: Mapping[str, float]) -> Dict[str, SimProfile]:
                     spec_num_draft_tokens=16) if speculative else {}
         base = (tokens * 1000.0 / rate - per_req
                 - fit["moe_ms"] * _moe_fraction(fit["moe_token_share"], 1))
+        bases[name] = round(base, 4)
+        if speculative:
+            # The shape's costs (effects.spec_cost_deltas), stated: the eagle3 step costs over
+            # the baseline's are the drafts' and the verify's, so a draft step costs the fixed
+            # difference over the steps and a verified token the per-request difference over the
+            # draft tokens (at 1 draft token and 0 steps the profile costs what the baseline does).
+            plain = name.replace("eagle3", "baseline")
+            steps, draft = int(fit["spec_num_steps"]), spec["spec_num_draft_tokens"]
+            spec.update(
+                spec_ref_num_steps=steps, spec_ref_eagle_topk=spec["spec_eagle_topk"],
+                spec_ref_draft_tokens=draft,
+                spec_draft_step_ms=round((bases[name] - bases[plain]) / steps, 4),
+                spec_verify_token_ms=round(
+                    (per_req - float(fit["baseline_per_req_ms"])) / (draft - 1), 4))
         out[name] = SimProfile(
             name=name, mode="batched", speculative=speculative,
             step_base_ms=round(base, 4), step_per_req_ms=per_req, moe_ms=fit["moe_ms"],
@@ -279,9 +307,54 @@ def validate_profile(p: SimProfile) -> SimProfile:
         raise SimError(f"spec_max_batch must be >= 0 (got {p.spec_max_batch})")
     if not (math.isfinite(p.step_scale) and p.step_scale > 0):
         raise SimError(f"step_scale must be a number > 0 (got {p.step_scale!r})")
+    _validate_flags(p)
     if p.mode == "batched" and p.step_base_ms + p.step_per_req_ms + p.moe_ms <= 0:
         raise SimError("a batched profile needs a positive step time: set step_base_ms > 0")
     return p
+
+
+def _validate_flags(p: SimProfile) -> None:
+    """The searched flags' fields (effects.py)."""
+    if p.chunked_prefill_size < -1:
+        raise SimError(f"chunked_prefill_size must be a token count >= 1, or -1 or 0 for off "
+                       f"(got {p.chunked_prefill_size})")
+    if p.cuda_graph_max_bs < 0:
+        raise SimError(f"cuda_graph_max_bs must be >= 0, 0 = every decode batch runs a graph "
+                       f"(got {p.cuda_graph_max_bs})")
+    if not (math.isfinite(p.cuda_graph_eager_factor) and p.cuda_graph_eager_factor >= 1.0):
+        raise SimError(f"cuda_graph_eager_factor must be a number >= 1, the eager step's fixed "
+                       f"cost over the graph's (got {p.cuda_graph_eager_factor!r})")
+    if not 0.0 <= p.weights_mem_fraction < 1.0:
+        raise SimError(f"weights_mem_fraction must be within [0, 1) (got {p.weights_mem_fraction})")
+    f = p.mem_fraction_static
+    if f and not p.weights_mem_fraction < f < 1.0:
+        raise SimError(
+            f"mem_fraction_static {f} leaves no KV cache: it must be above weights_mem_fraction "
+            f"({p.weights_mem_fraction}, the weights' share) and below 1; 0 = not set"
+            if 0 < f <= p.weights_mem_fraction else
+            f"mem_fraction_static must be within (0, 1), 0 = not set (got {f})")
+    if effects.kv_pool_tokens(p) < 1:
+        raise SimError(f"the KV pool holds no token (kv_capacity_tokens {p.kv_capacity_tokens}, "
+                       f"mem_fraction_static {f}): raise either")
+    if not 0.0 <= p.spec_topk_gain < 1.0:
+        raise SimError(f"spec_topk_gain must be within [0, 1) (got {p.spec_topk_gain})")
+    for name in ("spec_draft_step_ms", "spec_verify_token_ms"):
+        if not getattr(p, name) >= 0:
+            raise SimError(f"{name} must be >= 0 (got {getattr(p, name)!r})")
+    for name in ("spec_eagle_topk", "spec_num_draft_tokens", "spec_ref_num_steps",
+                 "spec_ref_eagle_topk", "spec_ref_draft_tokens"):
+        if getattr(p, name) < 0:
+            raise SimError(f"{name} must be >= 0, 0 = the default (got {getattr(p, name)})")
+    if p.speculative:
+        problem = effects.spec_shape_problem(p.spec_num_steps, p.spec_eagle_topk,
+                                             p.spec_num_draft_tokens)
+        if problem:
+            raise SimError(problem)
+        ref = (p.spec_ref_num_steps or p.spec_num_steps, p.spec_ref_eagle_topk or p.spec_eagle_topk,
+               p.spec_ref_draft_tokens or p.spec_num_draft_tokens)
+        problem = effects.spec_shape_problem(*ref)
+        if problem:
+            raise SimError(f"the reference shape (spec_ref_*): {problem}")
 
 
 def resolve_profile(profile_or_params: Union[str, SimProfile, Mapping[str, Any]]
@@ -349,21 +422,16 @@ def tokens_per_decode_step(p: SimProfile) -> float:
     if p.tokens_per_chunk:
         return float(p.tokens_per_chunk)
     if p.speculative:
-        return spec_accept_mean(p.spec_accept_rate, p.spec_num_steps)
+        return StepModel(p).tokens_per_step()
     return 1.0
 
 
 def step_ms(p: SimProfile, decoding: int, new_prompt_tokens: int = 0,
             spec_on: bool = True) -> float:
-    """Model duration of one batched step (ms, before time_scale). A dynamic profile's step
-    with speculation off costs what the baseline's does (spec_off_* costs)."""
-    off = p.spec_dynamic != "off" and not spec_on
-    base = p.spec_off_step_base_ms if off else p.step_base_ms
-    per_req = p.spec_off_step_per_req_ms if off else p.step_per_req_ms
-    return p.step_scale * (
-        base + per_req * decoding
-        + p.moe_ms * _moe_fraction(p.moe_token_share, decoding + new_prompt_tokens)
-        + p.prefill_per_token_ms * new_prompt_tokens)
+    """Model duration of one batched step (ms, before time_scale): effects.StepModel's formula,
+    which the server and the engine build once per run. A dynamic profile's step with
+    speculation off costs what the baseline's does (spec_off_* costs)."""
+    return StepModel(p).step_ms(decoding, new_prompt_tokens, spec_on)
 
 
 def speculation_on(p: SimProfile, decoding: int, admitted: int,

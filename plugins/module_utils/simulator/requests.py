@@ -55,7 +55,7 @@ class SimRequest:
                  "t_first_ns", "t_last_ns", "error", "pieces", "text_seed", "fail_at",
                  "stall_at", "stall_until", "malformed_at", "malformed", "finished", "cancelled",
                  "internal", "future", "created", "prefix", "suffix", "verify_ct", "draws",
-                 "t_admit_ns", "t_arrive_ns")
+                 "t_admit_ns", "t_arrive_ns", "prefill_left")
 
     def __init__(self):
         self.emitted = 0
@@ -69,6 +69,7 @@ class SimRequest:
         self.malformed = 0
         self.finished = self.cancelled = self.internal = False
         self.t_admit_ns = None
+        self.prefill_left = 0          # prompt tokens still to prefill once admitted
         self.t_arrive_ns: Optional[int] = None   # kernel receive stamp; None: the read time
         self.future = None
         self.proto = None

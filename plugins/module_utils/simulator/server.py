@@ -14,14 +14,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
-from ansible_collections.servelab.serving.plugins.module_utils.simulator.admission import admit
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.admission import plan_step
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.effects import StepModel
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.emission import Emission
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.listener import (
     stamping_listener,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.profiles import (
     BYTES_PER_TOKEN, DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, PROFILES, VERSION, SimProfile,
-    spec_accept_cdf, speculation_on, step_ms, switch_ms,
+    speculation_on, switch_ms,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.protocol import HttpProtocol
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.requests import (
@@ -33,9 +34,16 @@ from ansible_collections.servelab.serving.plugins.module_utils.simulator.tokens 
 )
 from ansible_collections.servelab.serving.plugins.module_utils.simulator.truth import Stats, TruthLog
 
-# The admission rule's view of a queued request (admission.admit).
+# The admission rule's view of a request (admission.plan_step): its prompt, whether it ended
+# while queued, its prompt tokens still to prefill, and what it holds of the KV pool (its prompt
+# and the whole output it will generate).
 _prompt_tokens = operator.attrgetter("prompt_tokens")
 _finished = operator.attrgetter("finished")
+_prefill_left = operator.attrgetter("prefill_left")
+
+
+def _kv_need(req: SimRequest) -> int:
+    return req.prompt_tokens + req.target
 
 
 @dataclass
@@ -74,13 +82,15 @@ class SimServer(Emission):
         self.ids = 0
         self.model_json = _dumps(config.model_name)
         self.queue: deque = deque()
-        self.running: List[SimRequest] = []
+        self.running: List[SimRequest] = []      # decoding
+        self.prefilling: List[SimRequest] = []   # admitted, prompt partly prefilled (chunked)
+        self.model = StepModel(self.p) if self.p.mode == "batched" else None
         self._wake: Optional[asyncio.Event] = None
         self._stop: Optional[asyncio.Event] = None
         self._tasks: List[asyncio.Task] = []
         self._health_waiters: List[asyncio.Future] = []
-        self._accept_cdf = (spec_accept_cdf(self.p.spec_accept_rate, self.p.spec_num_steps)
-                            if self.p.speculative else None)
+        self._accept_cdf = (self.model.cdf() if self.p.speculative and self.model is not None
+                            else None)
         self.host = config.host
         self.port = config.port
         self._server = None
@@ -207,12 +217,16 @@ class SimServer(Emission):
         proto.respond_json(200, {"object": "list", "data": [{
             "id": self.cfg.model_name, "object": "model", "created": int(self.started_wall()),
             "owned_by": "servelab-simulator", "root": self.cfg.model_name,
-            "max_model_len": self.p.kv_capacity_tokens}]})
+            "max_model_len": self.kv_pool()}]})
 
     def _model_info(self, proto):
         proto.respond_json(200, {"model_path": self.cfg.model_name,
                                  "tokenizer_path": self.cfg.model_name, "is_generation": True,
                                  "served_model_name": self.cfg.model_name})
+
+    def kv_pool(self) -> int:
+        """Tokens the KV pool holds (effects.kv_pool_tokens)."""
+        return self.model.kv_pool if self.model is not None else self.p.kv_capacity_tokens
 
     def started_wall(self) -> float:
         return time.time() - (self.loop.time() - self.started_at)
@@ -242,7 +256,7 @@ class SimServer(Emission):
                 "avg_spec_accept_length": accept if p.speculative else None,
                 "last_gen_throughput": tput,
                 "effective_max_running_requests_per_dp": p.max_running,
-                "memory_usage": {"token_capacity": p.kv_capacity_tokens}}],
+                "memory_usage": {"token_capacity": self.kv_pool()}}],
         })
 
     def _metrics(self, proto):
@@ -256,7 +270,7 @@ class SimServer(Emission):
             ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
              len(self.queue)),
             ("sglang:num_used_tokens", "gauge", "The number of used tokens.", used),
-            ("sglang:token_usage", "gauge", "The token usage.", used / self.p.kv_capacity_tokens),
+            ("sglang:token_usage", "gauge", "The token usage.", used / self.kv_pool()),
             ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", tput),
             ("sglang:spec_accept_length", "gauge",
              "The average acceptance length of speculative decoding (0 without it).",
@@ -413,34 +427,47 @@ class SimServer(Emission):
         self._wake.set()
 
     async def _scheduler(self) -> None:
-        loop, p, ts = self.loop, self.p, self.ts
+        loop, p, ts, model = self.loop, self.p, self.ts, self.model
         lag_limit = 0.003
         anchor = loop.time()
         fixed_k = p.tokens_per_chunk
         previous_on: Optional[bool] = None
+        chunk, pool, mixed = model.chunk, model.kv_pool, model.mixed
         while True:
             if self.queue and self.queue[0].finished:
                 self.queue = deque(r for r in self.queue if not r.finished)
-            if not self.running and not self.queue:
+            if any(r.finished for r in self.prefilling):   # cancelled mid-prefill: slot freed
+                self.prefilling = [r for r in self.prefilling if not r.finished]
+            if not self.running and not self.queue and not self.prefilling:
                 self._wake.clear()
                 await self._wake.wait()
                 anchor = loop.time()
                 continue
             now = loop.time()
             now_ns = time.monotonic_ns()
-            # admission: FIFO, up to max_running, within the prefill budget (the predictor's rule)
-            new: List[SimRequest] = admit(self.queue, len(self.running), p, _prompt_tokens,
-                                          _finished)
-            for req in new:
+            # admission and prefill: the engine's rule (admission.plan_step)
+            used = (sum(_kv_need(r) for r in self.running if not r.finished)
+                    + sum(_kv_need(r) for r in self.prefilling))
+            plan = plan_step(self.queue, self.prefilling, len(self.running) + len(self.prefilling),
+                             p, _prompt_tokens, _finished, chunk=chunk, prompt_left=_prefill_left,
+                             kv_free=pool - used, kv_need=_kv_need, kv_empty=not used)
+            for req in plan.admitted:
                 req.t_admit_ns = now_ns
-            decoding = [r for r in self.running if r.stall_until <= now]
-            new_tokens = sum(r.prompt_tokens for r in new)
-            on = speculation_on(p, len(decoding), len(new), previous_on)
-            if previous_on is not None and on != previous_on:
-                self.stats.spec_switches_total += 1
-            dt = (step_ms(p, len(decoding), new_tokens, on)
-                  + switch_ms(p, on, previous_on)) / 1000.0 / ts
-            previous_on = on
+                req.prefill_left = req.prompt_tokens
+            chunks = plan.chunks
+            # without mixed chunks a step that prefills runs no decode (SGLang's default)
+            decoding = ([r for r in self.running if r.stall_until <= now]
+                        if mixed or not chunks else [])
+            if decoding or mixed or not chunks:
+                on = speculation_on(p, len(decoding), len(chunks), previous_on)
+                if previous_on is not None and on != previous_on:
+                    self.stats.spec_switches_total += 1
+                dt = (model.step_ms(len(decoding), plan.prefill_tokens, on)
+                      + switch_ms(p, on, previous_on)) / 1000.0 / ts
+                previous_on = on
+            else:
+                on = previous_on is not False
+                dt = model.step_ms(0, plan.prefill_tokens, on) / 1000.0 / ts
             deadline = anchor + dt
             if deadline > now:
                 await asyncio.sleep(deadline - now)
@@ -465,7 +492,12 @@ class SimServer(Emission):
                 if not req.internal:
                     total += k
                 self._emit(req, k)
-            for req in new:
+            if chunk is not None:
+                for req, n in chunks:
+                    req.prefill_left -= n
+                self.prefilling = [r for r in self.prefilling + plan.admitted
+                                   if r.prefill_left > 0 and not r.finished]
+            for req in plan.completed:
                 if req.finished:
                     continue
                 k = min(fixed_k or 1, req.target)
