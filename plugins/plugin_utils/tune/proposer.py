@@ -44,6 +44,8 @@ class Observation:
     score: Optional[float]         # measured (finished), bound (pruned), None otherwise
     status: str                    # finished | pruned | no_score | failed
     weight: float = 1.0
+    lo: Optional[float] = None     # the capacity bracket its search measured (loads)
+    hi: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -172,9 +174,12 @@ def observation_of(trial) -> Optional[Observation]:
     status = trial.status
     if status == "running":
         return None
+    out = trial.outcome or {}
+    lo, hi = out.get("lo"), out.get("hi")
     if status == "finished":
-        return Observation(trial.flags, trial.score, "finished")
+        return Observation(trial.flags, trial.score, "finished", lo=lo, hi=hi)
     if status == "pruned":
-        bound = (trial.outcome or {}).get("bound")
-        return Observation(trial.flags, bound, "pruned" if bound else "no_score")
-    return Observation(trial.flags, None, status)
+        bound = out.get("bound")
+        return Observation(trial.flags, bound, "pruned" if bound else "no_score", lo=lo, hi=hi)
+    return Observation(trial.flags, None, status, lo=lo if status != "failed" else None,
+                       hi=hi if status != "failed" else None)
