@@ -149,3 +149,14 @@ def test_objective_judges_percentiles_and_verdicts():
     assert not obj.judge(dict(row, tpot_p90_ms=39, client_limited=True)).passed
     with pytest.raises(ObjectiveError, match="percentile"):
         Objective.parse({"slo": {"ttft_ms": 1}, "percentile": 95})
+
+
+def test_a_lucky_short_level_never_makes_the_result():
+    """Short levels pass up to 10/s (a noisy window), full ones only up to 8/s: the search steps
+    under the short bracket until a full-length level passes, and reports that."""
+    def measure(step):
+        capacity = 10.0 if step.phase == cap.SHORT else 8.0
+        return server(capacity)(step)
+    out = cap.run_search(spec(start=4.0, tolerance=0.05, short_tolerance=0.3), measure)
+    assert out.status == cap.FOUND, out
+    assert out.best_x <= 8.0 and out.lo <= 8.0 < out.hi and out.score == pytest.approx(out.best_x)

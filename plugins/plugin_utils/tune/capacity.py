@@ -13,10 +13,10 @@ load comes next):
    the SLO below hi, the lowest that missed it (geometric middle for a rate, the integer middle
    for a concurrency). The bracket never holds a measured load, so no load is measured twice.
 4. Short levels first: while the bracket is wider than `short_tolerance`, levels run
-   `short_seconds` (screening); then `full_seconds` until it is narrower than `tolerance` and a
-   full-length level met the SLO (inside the bracket while it is wider than 2 %, else just under
-   its bottom). The score is the best full-length passing level's: a short level decides where
-   to look, never the result.
+   `short_seconds` (screening); then `full_seconds`, and the bracket's bottom is the highest
+   full-length level that met the SLO (none yet: a step of half the tolerance under the short
+   bracket's bottom, repeated), until it is narrower than `tolerance`. The score is the best
+   full-length passing level's: a short level decides where to look, never the result.
 5. Pruning (successive halving's rule, per trial): any score at a load below hi is at most the
    throughput measured at hi (throughput grows with load; plus `margin` for a short level's
    noise), and in open loop at most hi itself (no more requests finish than arrive). Once that
@@ -48,8 +48,6 @@ AT_MAXIMUM = "at_maximum"   # the maximum load met it: the capacity is at least 
 MAX_LEVELS = "max_levels"   # the level budget ran out first
 FAILED = "failed"           # the server did not serve a level
 OUTCOMES = (FOUND, PRUNED, NONE_PASSED, AT_MAXIMUM, MAX_LEVELS, FAILED)
-# A bracket narrower than this is not split further to find a full-length pass inside it.
-CONFIRM_WIDTH = 0.02
 
 
 class SearchError(ValueError):
@@ -318,18 +316,25 @@ class Search:
             return Step(self._fresh(hi / spec.expand, True), phase, self._seconds(phase),
                         "no level met the SLO: down by %gx" % spec.expand)
         if phase == FULL:
-            full_ok = any(m.phase == FULL for m in self._ok() if m.x <= lo)
-            width = self._width(lo, hi)
-            if full_ok and width <= spec.tolerance:
+            # A short level decides where to look, never the result: the bracket's bottom is
+            # now the highest full-length level that met the SLO below hi.
+            full_lo = max((m.x for m in self._ok() if m.phase == FULL and m.x < hi),
+                          default=None)
+            if full_lo is None:
+                # None yet: step down from the short bracket's bottom by the tolerance.
+                start = min(lo, hi)
+                x = (start - 1) if spec.integer else start * (1.0 - spec.tolerance / 2)
+                if x < spec.minimum:
+                    return self.finish(NONE_PASSED, "no full-length level met the SLO down to "
+                                       "the minimum load %s" % self.label(spec.minimum))
+                return Step(self._fresh(x, True), FULL, spec.full_seconds,
+                            "a full-length level must meet the SLO: under %s"
+                            % self.label(start))
+            if self._width(full_lo, hi) <= spec.tolerance:
                 return self.finish(FOUND, "the capacity lies in [%s, %s)"
-                                   % (self.label(lo), self.label(hi)))
-            if not full_ok and width <= CONFIRM_WIDTH:
-                # Only short levels met the SLO, and the bracket is too narrow to split: confirm
-                # at full length just under lo.
-                return Step(self._fresh(lo * (1.0 - spec.tolerance / 4) if not spec.integer
-                                        else lo - 1, True), FULL, spec.full_seconds,
-                            "a full-length level must meet the SLO: just under %s"
-                            % self.label(lo))
+                                   % (self.label(full_lo), self.label(hi)))
+            return Step(self._fresh(self._middle(full_lo, hi), True), FULL, spec.full_seconds,
+                        "bisect [%s, %s)" % (self.label(full_lo), self.label(hi)))
         return Step(self._fresh(self._middle(lo, hi), True), phase, self._seconds(phase),
                     "bisect [%s, %s)" % (self.label(lo), self.label(hi)))
 
@@ -355,6 +360,8 @@ class Search:
         interval (loadgen/metrics.py), the only interval one level has."""
         lo, hi = self.bracket()
         full_ok = [m for m in self._ok() if m.phase == FULL]
+        if full_ok and self.spec.short_seconds is not None:
+            lo = max((m.x for m in full_ok if hi is None or m.x < hi), default=lo)
         best = max(full_ok, key=lambda m: m.judgement.score or 0.0) if full_ok else None
         return Outcome(
             status=status, reason=reason,
