@@ -30,6 +30,21 @@ def test_every_key_the_simulator_defines_renders():
     assert "--seed" in spec.cmd and "--error-rate" in spec.cmd and "--fit-report" in spec.cmd
 
 
+def test_the_searched_flags_keys_render():
+    keys = {"chunked_prefill_size": 4096, "mixed_chunk": False, "cuda_graph_max_bs": 32,
+            "cuda_graph_eager_factor": 1.5, "mem_fraction_static": 0.85,
+            "weights_mem_fraction": 0.4, "spec_num_steps": 3, "spec_eagle_topk": 1,
+            "spec_num_draft_tokens": 4, "spec_topk_gain": 0.3}
+    spec = render(dict(keys, profile="eagle3"))
+    for key in keys:
+        assert "--" + key.replace("_", "-") in spec.cmd, key
+    # a bool field's false is said (the default may be true), a switch's is left out
+    cmd = list(spec.cmd)
+    assert cmd[cmd.index("--mixed-chunk") + 1] == "false"
+    off = list(render({"profile": "eagle3", "speculative": False, "fit_report": False}).cmd)
+    assert off[off.index("--speculative") + 1] == "false" and "--fit-report" not in off
+
+
 @pytest.mark.parametrize("simulator, says", [
     ({"warp_speed": 9}, "simulator.warp_speed: unknown simulator key (the simulator has no "
                         "--warp-speed)"),

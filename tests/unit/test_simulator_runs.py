@@ -122,6 +122,30 @@ def test_goodput_is_the_load_generators_rule(monkeypatch):
     assert one.requests[0].tpot_ms is None and one.goodput == pytest.approx(one.request_s)
 
 
+def test_timeout_cuts_an_overloaded_level_as_the_loadgen_does():
+    """Baseline serves ~1.5 req/s of the default workload. Unbounded, 20 req/s queues the window
+    behind hours of work and every request still finishes; with timeout_s (the level_timeout)
+    the run ends at it and the window requests still waiting fail, missing every SLO."""
+    slo = {"e2e_ms": 1e12}
+    unbounded = predict_run("baseline", rate=20.0, requests=200, slo=slo)
+    cut = predict_run("baseline", rate=20.0, requests=200, slo=slo, timeout_s=600)
+    assert unbounded.failed == 0 and unbounded.goodput == pytest.approx(unbounded.request_s)
+    assert cut.window_complete and cut.failed == 200 and cut.goodput == 0.0
+    assert all(r.e2e_ms is None and r.timing().error.startswith("timeout:") for r in cut.requests)
+    # a window that would outlast half of timeout_s closes there, flagged incomplete
+    half = predict_run("baseline", rate=5.0, seconds=400, slo=slo, timeout_s=600)
+    assert not half.window_complete and 0 < half.failed < len(half.requests)
+    assert max(r.t_send_ms for r in half.requests) < 300_000
+    assert half.goodput == pytest.approx((len(half.requests) - half.failed) / half.window_s)
+    assert half.mean("e2e_ms") is not None                 # over the ones that finished
+    calm = predict_run("baseline", rate=0.5, requests=20, timeout_s=600)
+    assert calm.window_complete and calm.failed == 0
+    # the warm-up not over at half of timeout_s: no window at all (the loadgen stops the level)
+    none = predict_run("eagle3", rate=20.0, requests=50, timeout_s=1, slo=slo)
+    assert not none.window_complete and none.requests == () and none.goodput == 0.0
+    assert none.output_tok_s == 0.0 and none.goodput_for({"ttft_ms": 1}) == 0.0
+
+
 def test_percentiles_are_the_metrics_module_ones():
     run = predict_run("baseline", rate=3.0, seconds=120, time_scale=20)
     values = sorted(r.e2e_ms for r in run.requests)
@@ -142,6 +166,7 @@ def test_percentiles_are_the_metrics_module_ones():
     ({"concurrency": 2, "requests": 5, "slo": {"ttft": 5}}, "slo.ttft"),
     ({"concurrency": 2, "requests": 5, "slo": {"ttft_ms": "soon"}}, "slo.ttft_ms"),
     ({"concurrency": 2, "requests": 5, "time_scale": 0}, "time_scale"),
+    ({"concurrency": 2, "requests": 5, "timeout_s": -1}, "timeout_s"),
 ])
 def test_bad_input_names_the_argument(kwargs, word):
     with pytest.raises(SimError, match=word):

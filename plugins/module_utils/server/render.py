@@ -112,10 +112,17 @@ def simulator_flags() -> Tuple[str, ...]:
     build_parser): what it accepts, so an unknown `simulator:` key is refused when the profile
     is rendered (the preflight, before anything starts) instead of by argparse's usage at the
     server's start. Imported here, not at the top: only a simulator profile needs it."""
+    return tuple(_simulator_actions())
+
+
+def _simulator_actions() -> dict:
+    """{option string: whether it takes a value} of the simulator's argparse definitions: a
+    switch (--fit-report) takes none, a profile's bool field (--mixed-chunk BOOL) takes one."""
     # pylint: disable-next=import-outside-toplevel
     from ansible_collections.servelab.serving.plugins.module_utils.simulator.cli import build_parser
-    return tuple(opt for action in build_parser()._actions   # pylint: disable=protected-access
-                 for opt in action.option_strings if opt.startswith("--"))
+    return {opt: action.nargs != 0
+            for action in build_parser()._actions   # pylint: disable=protected-access
+            for opt in action.option_strings if opt.startswith("--")}
 
 
 def _unknown_simulator_key(key: str, flag: str, known: Tuple[str, ...], where: str) -> str:
@@ -134,7 +141,8 @@ def _simulator_args(profile: Profile, where: str) -> List[str]:
     settings = dict(profile.simulator)
     settings.setdefault("profile", profile.base or profile.name)
     args: List[str] = []
-    known = simulator_flags()
+    actions = _simulator_actions()
+    known = tuple(actions)
     for key in sorted(settings, key=lambda k: (k != "profile", k)):
         value = settings[key]
         flag = SIMULATOR_FLAGS.get(key, "--" + str(key).replace("_", "-"))
@@ -143,11 +151,14 @@ def _simulator_args(profile: Profile, where: str) -> List[str]:
                                f"put repeated flags into extra_args")
         if flag not in known or flag in SIMULATOR_OWN_FLAGS:
             raise ProfileError(_unknown_simulator_key(key, flag, known, where))
-        if value is None or value is False:
+        if value is None:
             continue
-        if value is True:
+        if isinstance(value, bool) and actions[flag]:
+            # a profile's bool field: false must be said, the profile's default may be true
+            args += [flag, "true" if value else "false"]
+        elif value is True:
             args.append(flag)
-        else:
+        elif value is not False:
             args += [flag, str(value)]
     return args
 

@@ -20,7 +20,7 @@ Endpoints
 Timing model (profiles `baseline`, `eagle3`, `baseline_cu128`, `eagle3_cu128`): continuous
 batching. A scheduler loop runs steps; each step serves every running request (at most
 `max_running`; the rest wait in a FIFO queue) and admits queued requests while their prompt
-tokens fit the step's prefill budget (`max_prefill_tokens`, chunked prefill). One step lasts
+tokens fit the step's prefill budget (`max_prefill_tokens`) and the KV pool. One step lasts
 
     step_base_ms + step_per_req_ms * decoding + moe_ms * (1 - (1 - moe_token_share) ** routed)
     + prefill_per_token_ms * new_prompt_tokens                 (all divided by time_scale)
@@ -36,6 +36,14 @@ chunks. Each request also spends `request_overhead_ms` (times 1 +- request_overh
 seeded) outside the batch before it can be admitted (HTTP, tokenizer, detokenizer, client
 turnaround in the field's setup): it delays the request but not the others. Draws are seeded by
 `--seed` and the request's arrival number, so a run repeats.
+
+The serving flags a tuner searches act on this model as stated in effects.py and
+docs/simulator.md ("The searched flags"): --chunked-prefill-size (a prompt prefilled over
+several steps), --mixed-chunk (false: a prefill step runs no decode), --cuda-graph-max-bs
+(a larger decode batch runs eager, its fixed step cost times --cuda-graph-eager-factor),
+--mem-fraction-static (the KV pool; a request is admitted only while its prompt and output
+fit), and EAGLE's --spec-num-steps / --spec-eagle-topk / --spec-num-draft-tokens (the accepted
+length and the step cost). At their defaults the fitted model is unchanged.
 
 Test profiles: `fixed` (the first chunk exactly `ttft_ms` after the request, then one chunk every
 `step_ms`; no batch, no queue) and `firehose` (writes chunks as fast as the loop allows, yielding
@@ -73,12 +81,16 @@ batch slot and stays in `num_running_reqs` until then, as on a server whose abor
 0, the default, cancels it at once).
 
 predict_level() and predict_crossover() give the model's closed-loop steady state from a fast
-discrete-event simulation of the same scheduler logic with the same seeded draws (not the live
-server; deterministic). `python3 servelab_simulator.pyz --fit-report` prints the fit against
-the field data with its residuals.
+discrete-event simulation of the same scheduler logic with the same seeded draws (des.py; not
+the live server; deterministic); runs.predict_run (controller side, not in the zipapp) predicts a
+closed- or open-loop level request by request, for the tuner.
+`python3 servelab_simulator.pyz --fit-report` prints the fit against the field data with its
+residuals.
 
-Modules: profiles (SimProfile, the fitted profiles, the step formula), tokens (token rules),
-requests (parsing, SimRequest, seeded draws), admission (the one admission rule), predictor
+Modules: profiles (SimProfile, the fitted profiles, their checks), effects (the searched flags'
+effects, the step formula), tokens (token rules), requests (parsing, SimRequest, seeded draws),
+admission (the one admission rule and prefill plan), des (the discrete-event engine), predictor
 (predict_level, the fit report), truth (truth log, counters), listener and protocol (stamped
-sockets, HTTP), server and emission (SimServer), cli (the command line).
+sockets, HTTP), server and emission (SimServer), cli (the command line); controller side, not
+shipped: runs (predict_run), knobs (SGLang's flags in the simulator's terms).
 """

@@ -175,4 +175,3 @@ class StepModel:
 
     def cdf(self) -> List[float]:
         return accept_cdf(self.rate, self.depth)
-

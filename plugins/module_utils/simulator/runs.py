@@ -46,25 +46,33 @@ SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
+TIMEOUT_ERROR = "timeout: cut by timeout_s (the level_timeout) before it finished"
+
+
 @dataclass(frozen=True)
 class PredictedRequest:
-    """One window request, real milliseconds; t_send_ms from the run's start."""
+    """One window request, real milliseconds; t_send_ms from the run's start. A request cut by
+    timeout_s has ok False, e2e_ms and tpot_ms None (ttft_ms too if no token came)."""
     index: int                 # arrival number (1-based): the server's seed for its draws
     t_send_ms: float
-    ttft_ms: float
+    ttft_ms: Optional[float]
     tpot_ms: Optional[float]   # None for a 1-token answer (as metrics.tpot_ns)
-    e2e_ms: float
+    e2e_ms: Optional[float]
     prompt_tokens: int
-    output_tokens: int
+    output_tokens: int         # emitted (all of them unless cut)
+    ok: bool = True
 
     def timing(self) -> RequestTiming:
         """The load generator's record of this request (integer ns), for its own rules."""
         send = int(round(self.t_send_ms * NS_PER_MS))
+
+        def at(ms: Optional[float]) -> Optional[int]:
+            return None if ms is None else send + int(round(ms * NS_PER_MS))
         return RequestTiming(worker=0, request_id=self.index, t_send=send,
-                             t_first=send + int(round(self.ttft_ms * NS_PER_MS)),
-                             t_last=send + int(round(self.e2e_ms * NS_PER_MS)),
+                             t_first=at(self.ttft_ms), t_last=at(self.e2e_ms),
                              prompt_tokens=self.prompt_tokens,
-                             completion_tokens=self.output_tokens, in_window=True)
+                             completion_tokens=self.output_tokens, in_window=True,
+                             error=None if self.ok else TIMEOUT_ERROR)
 
 
 @dataclass(frozen=True)
@@ -93,11 +101,15 @@ class PredictedRun:
     slo: Optional[Mapping[str, Optional[float]]] = None
     goodput: Optional[float] = None      # req/s meeting every SLO of `slo` (None without one)
     method: str = "discrete-event"
+    failed: int = 0                      # window requests cut by timeout_s
+    window_complete: bool = True         # False: half of timeout_s closed the window early
     _itl: Tuple[Tuple[float, float], ...] = field(default=(), repr=False, compare=False)
 
     def goodput_for(self, slo: Mapping[str, Optional[float]]) -> float:
         """Window requests meeting every SLO (metrics.meets_slo) per second."""
         slo = _check_slo(slo)
+        if not self.requests:
+            return 0.0                   # no window (window_complete False)
         met = sum(1 for r in self.requests if meets_slo(r.timing(), slo))
         return met / self.window_s
 
@@ -109,13 +121,14 @@ class PredictedRun:
         if name not in LATENCIES:
             raise SimError(f"latency name must be one of {', '.join(LATENCIES + ('itl_ms',))} "
                            f"(got {name!r})")
-        values = sorted(v for v in (getattr(r, name) for r in self.requests) if v is not None)
+        values = sorted(v for v in (getattr(r, name) for r in self.requests if r.ok)
+                        if v is not None)
         return percentile(values, q)
 
     def mean(self, name: str) -> Optional[float]:
         if name not in LATENCIES:
             raise SimError(f"latency name must be one of {', '.join(LATENCIES)} (got {name!r})")
-        values = [v for v in (getattr(r, name) for r in self.requests) if v is not None]
+        values = [v for v in (getattr(r, name) for r in self.requests if r.ok) if v is not None]
         return sum(values) / len(values) if values else None
 
 
@@ -141,8 +154,11 @@ class _RunWindow(des.Observer):
     """The level's warm-up, window and tail over the engine's requests (model ms)."""
 
     def __init__(self, engine: des.Engine, warmup: int, requests: Optional[int],
-                 seconds_model: Optional[float], closed: bool):
+                 seconds_model: Optional[float], closed: bool, timeout_model: float):
         self.engine, self.closed = engine, closed
+        self.timeout = timeout_model
+        self.window_complete = True
+        self.timed_out = False
         self.warmup = warmup
         self.n = requests or 0
         self.span = seconds_model or 0.0
@@ -185,9 +201,16 @@ class _RunWindow(des.Observer):
     def end_step(self, t):
         if self.ws is None and self.finished >= self.warmup:
             self.ws = t
+        if t >= self.timeout / 2 and self.we is None:
+            # the loadgen closes the window at half of level_timeout, flagged incomplete
+            self.ws = t if self.ws is None else self.ws
+            self.we, self.window_complete = t, False
         for now in self.resend:
             self.engine.send(now, self)
         self.resend.clear()
+        if t >= self.timeout:
+            self.timed_out = True
+            return True
         return self.we is not None and self.outstanding == 0
 
 
@@ -214,8 +237,8 @@ def predict_run(profile_or_params, *, concurrency: Optional[int] = None,
                 output_tokens: int = DEFAULT_OUTPUT_TOKENS,
                 requests: Optional[int] = None, seconds: Optional[float] = None,
                 warmup: Optional[int] = None, time_scale: Optional[float] = None,
-                seed: int = 0, slo: Optional[Mapping[str, Optional[float]]] = None
-                ) -> PredictedRun:
+                seed: int = 0, slo: Optional[Mapping[str, Optional[float]]] = None,
+                timeout_s: Optional[float] = None) -> PredictedRun:
     """Predict one benchmark level request by request (see the module docstring).
 
     profile_or_params: a profile name, a SimProfile or a `simulator:` mapping (resolve_profile).
@@ -223,8 +246,12 @@ def predict_run(profile_or_params, *, concurrency: Optional[int] = None,
     poisson | constant | gamma and its burstiness). The window holds `requests` sends and lasts
     `seconds` real seconds (at least one of them). slo: {ttft_ms, tpot_ms, e2e_ms} (ms, any
     subset) for `goodput`; PredictedRun.goodput_for(slo) judges another without rerunning.
-    time_scale: as the server's (default: the mapping's, else 1). Raises SimError naming the
-    argument for bad input."""
+    time_scale: as the server's (default: the mapping's, else 1). timeout_s: the level_timeout
+    (real seconds from the start; None: none): half of it closes the window (window_complete
+    False; no window at all if the warm-up was not over by then: no requests, every rate 0),
+    all of it ends the run and its unfinished window requests fail (`failed`), as the load
+    generator does; an overloaded candidate then costs a bounded time to predict. Raises
+    SimError naming the argument for bad input."""
     p, ts_from_params = resolve_profile(profile_or_params)
     ts = _positive_float("time_scale", time_scale if time_scale is not None
                          else (ts_from_params or 1.0))
@@ -242,13 +269,15 @@ def predict_run(profile_or_params, *, concurrency: Optional[int] = None,
         _positive_int("requests", requests)
     span = None if seconds is None else _positive_float("seconds", seconds) * 1000.0 * ts
     slo_checked = None if slo is None else _check_slo(slo)
+    bound = (math.inf if timeout_s is None
+             else _positive_float("timeout_s", timeout_s) * 1000.0 * ts)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise SimError(f"seed must be an integer (got {seed!r})")
     if concurrency is not None:
         C = _positive_int("concurrency", concurrency)
         engine = des.Engine(p, P, O, seed)
         warm = C if warmup is None else _positive_int("warmup", warmup, 0)
-        observer = _RunWindow(engine, warm, requests, span, closed=True)
+        observer = _RunWindow(engine, warm, requests, span, closed=True, timeout_model=bound)
         for _i in range(C):
             engine.send(0.0, observer)
         mode, arrival_used, rate_used = "closed", None, None
@@ -262,7 +291,7 @@ def predict_run(profile_or_params, *, concurrency: Optional[int] = None,
         engine = des.Engine(p, P, O, seed,
                             arrivals=_arrival_times(rate_used, arrival, burstiness, seed, ts))
         warm = math.ceil(rate_used) if warmup is None else _positive_int("warmup", warmup, 0)
-        observer = _RunWindow(engine, warm, requests, span, closed=False)
+        observer = _RunWindow(engine, warm, requests, span, closed=False, timeout_model=bound)
         mode, arrival_used, C = "rate", arrival, None
     engine.run(observer)
     return _figures(p.name, observer, mode, C, rate_used, arrival_used, P, O, ts, seed,
@@ -272,6 +301,15 @@ def predict_run(profile_or_params, *, concurrency: Optional[int] = None,
 def _figures(name, obs: _RunWindow, mode, C, rate, arrival, P, O, ts, seed, slo) -> PredictedRun:  # noqa: E741
     ws, we = obs.ws, obs.we
     window_model = we - ws
+    if not obs.window_complete and not obs.window:
+        # the loadgen: no window possible in time (warm-up not over at half of level_timeout)
+        return PredictedRun(
+            profile=name, load_mode=mode, concurrency=C, rate=rate, arrival=arrival,
+            prompt_tokens=P, output_tokens=O, time_scale=ts, seed=seed, window_s=0.0,
+            requests=(), output_tok_s=0.0, total_tok_s=0.0, request_s=0.0, itl_mean_ms=None,
+            itl_p50_ms=None, itl_p90_ms=None, itl_p99_ms=None, mean_running=0.0,
+            mean_queued=0.0, slo=slo, goodput=None if slo is None else 0.0,
+            window_complete=False)
     if window_model <= 0 or not obs.window:
         raise SimError("the prediction's window holds no request: give more requests or seconds")
     tokens = area_running = area_queued = 0.0
@@ -291,10 +329,16 @@ def _figures(name, obs: _RunWindow, mode, C, rate, arrival, P, O, ts, seed, slo)
         send, first, last = req[des.SEND], req[des.FIRST], req[des.LAST]
         for key, weight in req[des.ITL].items():
             itl[key / ts] = itl.get(key / ts, 0) + weight
-        out.append(PredictedRequest(
-            index=req[des.INDEX], t_send_ms=send / ts, ttft_ms=(first - send) / ts,
-            tpot_ms=(last - first) / (O - 1) / ts if O > 1 else None,
-            e2e_ms=(last - send) / ts, prompt_tokens=P, output_tokens=O))
+        if last > 0:
+            out.append(PredictedRequest(
+                index=req[des.INDEX], t_send_ms=send / ts, ttft_ms=(first - send) / ts,
+                tpot_ms=(last - first) / (O - 1) / ts if O > 1 else None,
+                e2e_ms=(last - send) / ts, prompt_tokens=P, output_tokens=O))
+        else:                                     # cut by timeout_s
+            out.append(PredictedRequest(
+                index=req[des.INDEX], t_send_ms=send / ts,
+                ttft_ms=(first - send) / ts if first > 0 else None, tpot_ms=None, e2e_ms=None,
+                prompt_tokens=P, output_tokens=O - req[des.LEFT] if first > 0 else 0, ok=False))
     window_s = window_model / ts / 1000.0
     pairs = tuple(sorted(itl.items()))
     weight = sum(w for _v, w in pairs)
@@ -307,7 +351,8 @@ def _figures(name, obs: _RunWindow, mode, C, rate, arrival, P, O, ts, seed, slo)
         itl_p50_ms=weighted_percentile(pairs, 50), itl_p90_ms=weighted_percentile(pairs, 90),
         itl_p99_ms=weighted_percentile(pairs, 99),
         mean_running=area_running / window_model, mean_queued=area_queued / window_model,
-        slo=slo, _itl=pairs)
+        slo=slo, _itl=pairs, failed=sum(1 for r in out if not r.ok),
+        window_complete=obs.window_complete)
     if slo is not None:
         run = _with_goodput(run, slo)
     return run
