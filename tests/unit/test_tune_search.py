@@ -64,7 +64,10 @@ def test_a_failed_trial_is_recorded_and_the_search_goes_on():
 def test_every_trial_starts_at_the_best_load_and_a_worse_one_is_pruned_early():
     state = offline.run_tune(settings(tune_strategy="grid"), engine(seed=4))
     pruned = [t for t in state.trials if t.status == st.PRUNED]
-    assert pruned, [(t.key, t.status) for t in state.trials]
-    assert min(t.levels for t in pruned) == 1
+    finished = [t for t in state.trials if t.status == st.FINISHED]
+    assert pruned and finished, [(t.key, t.status) for t in state.trials]
+    assert max(t.levels for t in pruned) < min(t.levels for t in finished)
     for t in state.trials[1:]:
-        assert t.search.get("bar") is not None
+        best = max((p for p in state.trials[:state.trials.index(t)] if p.score is not None),
+                   key=lambda p: p.score)
+        assert t.search["bar"] == best.score and t.search["start"] == best.outcome["best_x"]

@@ -74,14 +74,13 @@ def test_impossible_combinations_are_refused_up_front_and_listed():
     check = check_tune(values(tune_space=space, bench_profiles=[
         {"name": "eagle3", "simulator": {"profile": "eagle3"}}]), [], {}, "h")
     assert check.ok, messages(check)
-    refused = {r["key"]: r["reason"] for r in check.refused}
+    refused = {r["key"]: r["reason"] for r in check.refused if r["kind"] == "refused"}
     # topk 4 over 1 step scores 4 candidates: 31 draft tokens cannot be filled
     assert "speculative-eagle-topk=4 speculative-num-draft-tokens=32 speculative-num-steps=1" \
         in refused
     assert all("spec_num_draft_tokens" in r for r in refused.values())
-    assert len(check.candidates) + len(refused) == 8
-    assert check.settings["refused"] == sorted(refused) or set(check.settings["refused"]) == \
-        set(refused)
+    assert len(check.candidates) + len(check.refused) == 8
+    assert set(check.settings["refused"]) == {r["key"] for r in check.refused}
 
 
 def test_a_space_with_nothing_left_fails():
@@ -108,3 +107,35 @@ def test_command_engine_flags_are_checked_by_the_commands_help():
                                   "flags": ["--cb-max-batch-tokens"], "hosts": ["gpu1"],
                                   "where": ""}]
     assert check.probes[0]["command"][-2:] == ["--cb-max-batch-tokens", "256"]
+
+
+def test_candidates_the_engine_runs_as_one_server_are_tried_once():
+    """topk 1 runs steps + 1 draft tokens whatever was given (SGLang rewrites it; the simulator
+    resolves it alike): of topk 1 x draft 4, 8 only the first is a candidate."""
+    space = {"speculative_num_steps": [3], "speculative_eagle_topk": [1, 4],
+             "speculative_num_draft_tokens": [4, 8]}
+    check = check_tune(values(tune_space=space, bench_profiles=[
+        {"name": "eagle3", "simulator": {"profile": "eagle3"}}]), [], {}, "h")
+    assert check.ok, messages(check)
+    same = [r for r in check.refused if r["kind"] == "same server"]
+    assert [r["key"] for r in same] == [
+        "speculative-eagle-topk=1 speculative-num-draft-tokens=8 speculative-num-steps=3"]
+    assert same[0]["reason"] == ("the engine runs it as the same server as "
+                                 "speculative-eagle-topk=1 speculative-num-draft-tokens=4 "
+                                 "speculative-num-steps=3")
+    assert len(check.candidates) == 3
+
+
+def test_sglang_rules_refuse_a_draft_tree_too_large_for_its_steps_and_topk():
+    base = {"name": "eagle3", "engine": "sglang", "model": "/m", "base": "eagle3",
+            "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 1,
+                            "eagle_topk": 2, "num_draft_tokens": 3}}
+    space = {"speculative_num_draft_tokens": [3, 16], "max_running_requests": [32]}
+    check = check_tune(values(tune_space=space, bench_engine="sglang", bench_profiles=[base]),
+                       [], {}, "h")
+    assert check.ok, messages(check)
+    [refused] = check.refused
+    assert refused["key"] == "max-running-requests=32 speculative-num-draft-tokens=16"
+    assert "needs 15 draft tokens but topk 2 over 1 steps gives 2 candidates" in refused["reason"]
+    assert "sglang/srt/speculative/eagle_utils.py:" in refused["reason"]
+    assert check.probes[0]["speculative"]["num_draft_tokens"] == 3

@@ -182,8 +182,12 @@ def pareto_table(view: TuneView) -> Table:
 def refused_table(view: TuneView) -> Optional[Table]:
     if not view.refused:
         return None
-    return Table(["flags", "why the engine refuses it"],
-                 [[r.get("key", ""), r.get("reason", "")] for r in view.refused])
+    return Table(["flags", "left out", "why"],
+                 [[r.get("key", ""), r.get("kind", "refused"), r.get("reason", "")]
+                  for r in view.refused],
+                 ["refused: the engine would not run it (its own rules, with the release's "
+                  "file:line); same server: the engine runs it as an earlier candidate, which "
+                  "is tried instead."])
 
 
 def sections(view: TuneView) -> list:

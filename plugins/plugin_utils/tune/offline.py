@@ -64,13 +64,17 @@ class SimulatorEngine:
     start (OOM, a refused flag), to exercise failed trials."""
 
     def __init__(self, truth: Mapping, prompt_tokens: int, output_tokens: int, slo: Mapping,
-                 axis: str = "rate", seed: int = 1, failing=None):
+                 axis: str = "rate", seed: int = 1, failing=None,
+                 timeout_s: Optional[float] = None):
         self.truth = dict(truth)
         self.prompt, self.output = prompt_tokens, output_tokens
         self.slo = dict(slo)
         self.axis = axis
         self.seed = seed
         self.failing = failing
+        # llm_bench's level_timeout; None: ten times the level's own length, plus 30 s (an
+        # overloaded level then costs a bounded time and memory to predict)
+        self.timeout_s = timeout_s
         self.levels = 0
         self.seconds = 0.0
 
@@ -95,7 +99,16 @@ class SimulatorEngine:
         return predict_run(self.params(flags), prompt_tokens=self.prompt,
                            output_tokens=self.output, seconds=seconds, requests=requests,
                            seed=self.seed * 100003 + self.levels if seed is None else seed,
-                           slo=self.slo, warmup=warmup, **load)
+                           slo=self.slo, warmup=warmup, timeout_s=self._timeout(x, seconds,
+                                                                                requests),
+                           **load)
+
+    def _timeout(self, x, seconds, requests) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        length = seconds if seconds else (requests / float(x) if self.axis == "rate"
+                                          else float(requests))
+        return 30.0 + 10.0 * length
 
     def __call__(self, flags: Mapping, step: Step) -> dict:
         if self.failing is not None:
@@ -111,7 +124,8 @@ class SimulatorEngine:
 def level_row(run, axis: str, x: float) -> dict:
     """A predicted run as llm_bench's level row (the fields the tuner reads). The output tok/s
     95% half-width is the count noise of the window's requests, 1.96 / sqrt(n), relative: the
-    simulator has no batch-means of its own here."""
+    simulator has no batch-means of its own here. Window requests the level timeout cut (an
+    overloaded load) miss every latency limit: a percentile their share reaches is infinite."""
     n = max(1, len(run.requests))
     row = {"requests": len(run.requests), "errors": 0, "window_s": run.window_s,
            "output_tok_s": run.output_tok_s, "output_tok_s_ci95": run.output_tok_s * 1.96 / n ** 0.5,
@@ -121,5 +135,7 @@ def level_row(run, axis: str, x: float) -> dict:
            "concurrency": int(x) if axis == "concurrency" else 0}
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         for q in (50, 90, 99):
-            row["%s_p%d_ms" % (key[:-3], q)] = run.latency(key, q)
+            cut = run.failed > (1.0 - q / 100.0) * n
+            row["%s_p%d_ms" % (key[:-3], q)] = float("inf") if cut or not run.requests \
+                else run.latency(key, q)
     return row

@@ -5,9 +5,12 @@ In order: unknown tune_* names (roles/tune/meta/argument_specs.yml is the one de
 declared types, the base profile, the objective, the space, the numbers, the bench_* settings a
 tune sets itself; then each candidate is made into its trial profile (space.apply) and validated
 as llm_server would (server/profiles.py, the engine's rendering; for the simulator its own
-parameter checks; for SGLang the engine's own rules on combinations, where the simulator package
-ships them: impossible.py). A combination the engine refuses is left out and listed (`refused`,
-with the reason); a flag the engine does not have is a problem (for SGLang and the command
+parameter checks; SGLang's own rules on combinations, server/engine_rules.py, read from the
+newest pinned release, for SGLang and for the simulator's SGLang flags). A combination the
+engine refuses is left out and listed (`refused`, with the reason and the release's file:line);
+so is one the engine would run as the same server as an earlier candidate (the simulator
+resolving two alike, SGLang rewriting topk 1's draft tokens to steps + 1). A flag the engine
+does not have is a problem (for SGLang and the command
 engine that is decided on the GPU server, by the bench_preflight module: the release's own
 argument definitions, the command's own --help).
 
@@ -15,17 +18,22 @@ Pure Python: the action plugin (plugins/action/tune.py) gathers the values.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
+from ansible_collections.servelab.serving.plugins.module_utils.server import engine_rules
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import (
-    ProfileError, resolve_profile,
+    BUILTIN_PROFILES, ProfileError, resolve_profile,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.simulator import knobs
+from ansible_collections.servelab.serving.plugins.module_utils.simulator.effects import spec_shape
 from ansible_collections.servelab.serving.plugins.module_utils.server.render import (
     ENGINES as SERVER_ENGINES, render_server,
 )
@@ -119,7 +127,8 @@ def base_profile(values: Mapping, add) -> Optional[dict]:
 
 def refusal(profile: dict, engine: str, flags: Mapping[str, Any]) -> Optional[str]:
     """Why the engine would refuse this trial profile (None: it would not), checked as
-    llm_server checks before a launch, on the controller."""
+    llm_server checks before a launch, on the controller; then SGLang's own rules on the
+    combination (server/engine_rules.py, the newest pinned release's)."""
     try:
         parsed = resolve_profile({k: v for k, v in profile.items() if k != "engine"},
                                  default_model="tune-check")
@@ -134,25 +143,85 @@ def refusal(profile: dict, engine: str, flags: Mapping[str, Any]) -> Optional[st
             render_server(parsed, engine, "127.0.0.1", 30000, "python3")
     except (ProfileError, SimError) as exc:
         return str(exc)
-    rule = engine_rule(engine)
-    if rule is not None:
-        return rule(profile, flags)
+    problems = engine_rules.refused(engine_rules.check_sglang_flags(
+        SGLANG_DEFAULT_VERSION, sglang_view(profile, engine)))
+    if problems:
+        return "; ".join("%s (SGLang %s, %s)" % (p.message, p.release, p.source)
+                         for p in problems)
     return None
 
 
-def engine_rule(engine: str):
-    """The engine's own rules on combinations of flags (a function (profile, flags) -> reason
-    or None), where servelab has them: SGLang's server_args.py checks, shipped with the
-    simulator package (module_utils/simulator/impossible.py) and applied to the simulator too,
-    whose SGLang flags stand for SGLang's."""
-    if engine not in ("sglang", "simulator"):
-        return None
-    try:
-        # pylint: disable-next=import-outside-toplevel
-        from ansible_collections.servelab.serving.plugins.module_utils.simulator import impossible
-    except ImportError:
-        return None
-    return getattr(impossible, "tune_refusal", None)
+def sglang_view(profile: Mapping, engine: str) -> Dict[str, Any]:
+    """The trial profile's settings in SGLang's names (engine_rules.FLAGS): an SGLang profile's
+    keys, speculative block and extra_args; a simulator profile's fields through knobs.py (the
+    simulator's SGLang flags stand for SGLang's). Empty for another engine."""
+    out: Dict[str, Any] = {}
+    if engine == "sglang":
+        spec = dict(profile.get("speculative") or
+                    BUILTIN_PROFILES.get(str(profile.get("base")), {}).get("speculative") or {})
+        if spec:
+            out.update(speculative_algorithm=spec.get("algorithm"),
+                       speculative_num_steps=spec.get("num_steps"),
+                       speculative_eagle_topk=spec.get("eagle_topk"),
+                       speculative_num_draft_tokens=spec.get("num_draft_tokens"))
+        for k in ("max_running_requests", "cuda_graph_max_bs", "mem_fraction_static"):
+            if profile.get(k) is not None:
+                out[k] = profile[k]
+        args = [str(a) for a in profile.get("extra_args") or []]
+        for i, arg in enumerate(args):
+            name = knobs.flag_name(arg.split("=", 1)[0]) if arg.startswith("--") else None
+            if name not in engine_rules.FLAGS:
+                continue
+            raw = arg.split("=", 1)[1] if "=" in arg else (
+                args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True)
+            out[name] = _scalar(raw)
+    elif engine == "simulator":
+        try:
+            values = knobs.sglang_flags(dict(profile.get("simulator") or {}))
+            speculative = resolve_sim_profile(dict(profile.get("simulator") or {}))[0].speculative
+        except SimError:
+            return {}
+        out = {k: v for k, v in values.items() if v is not None and k in engine_rules.FLAGS}
+        if speculative:
+            out["speculative_algorithm"] = "EAGLE3"
+    return out
+
+
+def _scalar(raw):
+    if isinstance(raw, bool):
+        return raw
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            continue
+    return raw
+
+
+def same_server(profile: Mapping, engine: str) -> Optional[str]:
+    """What decides the server a candidate runs, for telling two candidates apart: the
+    simulator's resolved profile (two candidates it resolves alike are one server), or for
+    SGLang its settings after the engine's own rewrite (engine_rules' topk1_draft_rewritten:
+    topk 1 runs steps + 1 draft tokens whatever was given). None: every candidate is its own."""
+    if engine == "simulator":
+        try:
+            p, ts = resolve_sim_profile(dict(profile.get("simulator") or {}))
+        except SimError:
+            return None
+        fields = {k: v for k, v in dataclasses.asdict(p).items()
+                  if k not in ("name", "description")}
+        if p.speculative:       # the shape it runs (effects.spec_shape), not the one given
+            fields["spec_num_draft_tokens"] = spec_shape(
+                p.spec_num_steps, p.spec_eagle_topk, p.spec_num_draft_tokens)[0]
+            fields["spec_eagle_topk"] = p.spec_eagle_topk or 1
+        return json.dumps([fields, ts], sort_keys=True, default=str)
+    if engine == "sglang":
+        view = sglang_view(profile, engine)
+        if view.get("speculative_eagle_topk") == 1 and view.get("speculative_num_steps"):
+            view["speculative_num_draft_tokens"] = view["speculative_num_steps"] + 1
+        rest = {k: v for k, v in profile.items() if k not in ("name", "speculative")}
+        return json.dumps([view, rest], sort_keys=True, default=str)
+    return None
 
 
 def check_tune(values: Mapping[str, Any], given: Sequence[str], origins: Mapping[str, str],
@@ -278,6 +347,7 @@ def check_tune(values: Mapping[str, Any], given: Sequence[str], origins: Mapping
                                        else "", ", ".join(sorted(f[2:] for f in fields))))
     if len(out.problems) > unknown:
         return out
+    servers: Dict[str, str] = {}
     for flags in space.candidates():
         try:
             profile = apply(base, engine, flags, "tune-check", fields)
@@ -286,9 +356,18 @@ def check_tune(values: Mapping[str, Any], given: Sequence[str], origins: Mapping
             return out
         reason = refusal(profile, engine, flags)
         if reason:
-            out.refused.append({"flags": flags, "key": key(flags), "reason": reason})
-        else:
-            out.candidates.append(flags)
+            out.refused.append({"flags": flags, "key": key(flags), "reason": reason,
+                                "kind": "refused"})
+            continue
+        server = same_server(profile, engine)
+        if server is not None and server in servers:
+            out.refused.append({"flags": flags, "key": key(flags), "kind": "same server",
+                                "reason": "the engine runs it as the same server as %s"
+                                          % servers[server]})
+            continue
+        if server is not None:
+            servers[server] = key(flags)
+        out.candidates.append(flags)
     if not out.candidates:
         reasons = sorted({r["reason"] for r in out.refused})
         add("tune_space", "tune_space: every one of its %d combinations is refused by the "
