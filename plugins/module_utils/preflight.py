@@ -181,7 +181,15 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 def help_flags(argv: Sequence[str], timeout: float = HELP_TIMEOUT) -> Tuple[Set[str], str]:
     """The flags `argv --help` prints (its own argument definitions, whatever parser it uses:
     argparse, click, typer's boxes), and what went wrong ('' when it printed some)."""
-    cmd = [a for a in argv if "{" not in a] + ["--help"]
+    cmd = []
+    for arg in argv:
+        if "{" in arg:
+            # a placeholder ({model}, {port}) is left out, and the option it is the value of
+            if cmd and cmd[-1].startswith("-") and "=" not in cmd[-1]:
+                cmd.pop()
+            continue
+        cmd.append(arg)
+    cmd.append("--help")
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout, check=False)
