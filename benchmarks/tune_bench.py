@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -49,7 +48,6 @@ collection_link.importable()
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.tune import offline  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.tune import settings as tune_settings  # noqa: E402
-from ansible_collections.servelab.serving.plugins.plugin_utils.tune import state as st  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.tune.model import simulator_model  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.tune.objective import Objective  # noqa: E402
 from ansible_collections.servelab.serving.plugins.plugin_utils.tune.space import key  # noqa: E402
@@ -341,7 +339,7 @@ def main(argv=None) -> int:
         "with the hidden parameters of each case; levels measured by an oracle "
         "(plugin_utils/tune/offline.py: predict_run of the true engine over each level's "
         "window, a fresh seed per level), not the live server." % (
-            datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             os.uname().nodename))
     summary = []
     for name in args.cases.split(","):

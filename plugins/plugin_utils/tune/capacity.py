@@ -94,7 +94,7 @@ class SearchSpec:
             "tolerance", "short_seconds", "short_tolerance", "expand", "max_levels", "margin")
 
     @classmethod
-    def parse(cls, spec: Mapping) -> "SearchSpec":
+    def parse(cls, spec: Mapping) -> SearchSpec:
         if not isinstance(spec, Mapping):
             raise SearchError("capacity_search must be a mapping, got %r" % (spec,))
         unknown = sorted(str(k) for k in spec if k not in cls.KEYS)

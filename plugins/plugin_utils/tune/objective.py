@@ -67,7 +67,7 @@ class Objective:
     percentile: int = 99
 
     @classmethod
-    def parse(cls, value, where: str = "tune_objective") -> "Objective":
+    def parse(cls, value, where: str = "tune_objective") -> Objective:
         """{metric: goodput|output_tok_s, slo: {ttft_ms: .., tpot_ms: .., e2e_ms: ..},
         percentile: 50|90|99}; ObjectiveError naming the key otherwise."""
         if not isinstance(value, Mapping):

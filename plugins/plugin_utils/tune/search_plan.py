@@ -89,7 +89,7 @@ class SearchPlan:
         self._steps: dict = {}     # position -> capacity.Step
 
     @classmethod
-    def build(cls, raw, module_args: dict, repeats) -> "SearchPlan":
+    def build(cls, raw, module_args: dict, repeats) -> SearchPlan:
         """The plan, and the sweep options it measures with: the load mode of its axis, the
         objective's SLO (goodput is counted under it)."""
         try:

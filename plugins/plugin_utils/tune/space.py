@@ -149,7 +149,7 @@ class Space:
     dims: Tuple[Dimension, ...]
 
     @classmethod
-    def parse(cls, raw) -> "Space":
+    def parse(cls, raw) -> Space:
         if not isinstance(raw, Mapping) or not raw:
             raise SpaceError("tune_space must be a non-empty mapping of engine flag -> values, "
                              "e.g. {max_running_requests: [32, 64, 128], chunked_prefill_size: "

@@ -77,7 +77,7 @@ class Trial:
     measured_s: float = 0.0                # the levels' windows, summed
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Trial":
+    def from_dict(cls, data: Mapping) -> Trial:
         known = {f for f in cls.__dataclass_fields__}   # pylint: disable=no-member
         return cls(**{k: v for k, v in data.items() if k in known})
 
