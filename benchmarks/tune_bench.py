@@ -210,9 +210,9 @@ def truth_table(case: Case, check) -> Dict[str, Optional[list]]:
     blob = json.dumps({"truth": case.truth_params(), "space": case.space, "slo": case.slo,
                        "metric": case.metric, "p": case.prompt, "o": case.output,
                        "failing": case.failing_text, "n": TRUTH_REQUESTS, "seed": TRUTH_SEED,
-                       "v": 2}, sort_keys=True)
-    path = os.path.join(CACHE, "truth-%s-%s.json" % (case.name,
-                                                    hashlib.sha256(blob.encode()).hexdigest()[:12]))
+                       "v": 3}, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    path = os.path.join(CACHE, "truth-%s-%s.json" % (case.name, digest))
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
@@ -323,7 +323,7 @@ def ratio(table, k) -> Optional[float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--write-md", default=None)

@@ -106,8 +106,8 @@ def test_a_tune_finds_the_best_and_its_profile_runs_unchanged_in_bench_yml(tmp_p
         "t01": "finished", "t02": "finished", "t03": "finished"}
     assert manifest["tune"]["candidates"] == 3
     levels = read_parts(str(run_dir / results.PARTS_DIR))
-    assert {row["profile"] for row, _ in levels} == {"t01", "t02", "t03"}
-    assert all(row["load_mode"] == "rate" for row, _ in levels)
+    assert {row["profile"] for row, _jsonl in levels} == {"t01", "t02", "t03"}
+    assert all(row["load_mode"] == "rate" for row, _jsonl in levels)
     summary = (run_dir / results.SUMMARY).read_text()
     assert "## Tune" in summary and "best: t0" in summary and "Pareto frontier" in summary
     html = (run_dir / results.REPORT_HTML).read_text()
@@ -126,7 +126,7 @@ def test_a_tune_finds_the_best_and_its_profile_runs_unchanged_in_bench_yml(tmp_p
     with play(tmp_path, bench_extra, "bench.yml", "-e", "@%s" % best_yml) as bench:
         rc = bench.wait(300)
     assert rc == 0, bench.output[-5000:]
-    rows = [row for row, _ in read_parts(str(run.root / "bench-of-best" / results.PARTS_DIR))]
+    rows = [row for row, _jsonl in read_parts(str(run.root / "bench-of-best" / results.PARTS_DIR))]
     assert [(r["profile"], r["request_rate"]) for r in rows] == [
         ("tuned", doc["bench_request_rate"][0])]
     assert processes_with(bench.mark) == []
@@ -169,6 +169,7 @@ def test_an_interrupted_tune_resumes_keeping_its_finished_trials(tmp_path):
     assert processes_with(resumed.mark) == []
 
 
+@pytest.mark.core
 def test_bad_tune_settings_are_refused_before_anything_starts(tmp_path):
     extra = tune_vars(tmp_path, bench_run_id="refused", tune_budgte={"trials": 2},
                       tune_space={"max_running_requets": [1, 4]})

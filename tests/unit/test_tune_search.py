@@ -70,4 +70,4 @@ def test_every_trial_starts_at_the_best_load_and_a_worse_one_is_pruned_early():
     for t in state.trials[1:]:
         best = max((p for p in state.trials[:state.trials.index(t)] if p.score is not None),
                    key=lambda p: p.score)
-        assert t.search["bar"] == best.score and t.search["start"] == best.outcome["best_x"]
+        assert t.search["beat"] == best.score and t.search["start"] == best.outcome["best_x"]

@@ -10,8 +10,8 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.tune.settings imp
 def values(**over):
     base = {
         "tune_space": {"max_running_requests": [8, 32]},
-        "bench_profiles": [{"name": "baseline", "simulator": {"profile": "baseline",
-                                                             "time_scale": 20}}],
+        "bench_profiles": [{"name": "baseline",
+                            "simulator": {"profile": "baseline", "time_scale": 20}}],
         "bench_engine": "simulator", "bench_slo": {"ttft_ms": 500}, "bench_level_seconds": 8,
         "bench_workload": {"kind": "synthetic", "input_tokens": 256, "output_tokens": 32},
         "bench_max_tokens": 32, "bench_repeats": 1,

@@ -59,7 +59,7 @@ def test_changed_settings_are_refused_on_resume(tmp_path, settings):
 
 def test_budget_in_trials_and_minutes(settings):
     state = st.TuneState(settings=settings)
-    for _ in range(3):
+    for _trial in range(3):
         trial, _why = rounds.next_trial(state, settings, Flat())
         state.trials.append(trial)
         finish(trial, 5.0, 5.0, 6.0)
@@ -77,14 +77,14 @@ def test_the_next_trial_starts_at_the_best_load_with_its_score_as_bar(settings):
     state.trials.append(first)
     finish(first, 10.0, 12.0, 12.5)
     second, _why = rounds.next_trial(state, settings, Flat())
-    assert second.search["start"] == 12.0 and second.search["bar"] == 10.0
+    assert second.search["start"] == 12.0 and second.search["beat"] == 10.0
     assert second.key != first.key
 
 
 def test_record_failed_pruned_and_no_score(settings):
     state = st.TuneState(settings=settings)
     trials = []
-    for _ in range(3):
+    for _trial in range(3):
         t, _why = rounds.next_trial(state, settings, Flat())
         state.trials.append(t)
         trials.append(t)

@@ -5,7 +5,7 @@ meets its limit: one level per step, each as long as the last. Here the next lev
 last result (llm_bench's action measures one level per module call and asks `next_step` which
 load comes next):
 
-1. The first level is `start`: the rate where the best trial so far found its score (`bar`), so a
+1. The first level is `start`: the rate where the best trial so far found its score (`beat`), so a
    trial that cannot beat it usually shows so in one level, or the model's prediction.
 2. Bracketing: while every level met the SLO, the load grows by `expand` (up to `maximum`); while
    none did, it shrinks by `expand` (down to `minimum`).
@@ -17,10 +17,12 @@ load comes next):
    full-length level that met the SLO (none yet: a step of half the tolerance under the short
    bracket's bottom, repeated), until it is narrower than `tolerance`. The score is the best
    full-length passing level's: a short level decides where to look, never the result.
+   A short level that misses the SLO by less than `margin` is borderline (a short window's p99
+   is a handful of requests): the next level confirms it at full length, just under its load.
 5. Pruning (successive halving's rule, per trial): any score at a load below hi is at most the
    throughput measured at hi (throughput grows with load; plus `margin` for a short level's
    noise), and in open loop at most hi itself (no more requests finish than arrive). Once that
-   bound is within `tolerance` of `bar`, the trial cannot beat the best by more than the search
+   bound is within `tolerance` of `beat`, the trial cannot beat the best by more than the search
    can resolve: it stops, `pruned`. Started at the best trial's load, a trial that misses the
    SLO there is pruned after one short level.
 
@@ -42,7 +44,7 @@ AXES = ("rate", "concurrency")
 SHORT, FULL = "short", "full"
 # Outcomes
 FOUND = "found"             # the bracket is narrow and a full-length level met the SLO
-PRUNED = "pruned"           # it cannot beat the bar
+PRUNED = "pruned"           # it cannot beat `beat`
 NONE_PASSED = "none_passed"  # not even the minimum load met the SLO
 AT_MAXIMUM = "at_maximum"   # the maximum load met it: the capacity is at least that
 MAX_LEVELS = "max_levels"   # the level budget ran out first
@@ -82,7 +84,7 @@ class SearchSpec:
     full_seconds: float
     minimum: float
     maximum: float
-    bar: Optional[float] = None
+    beat: Optional[float] = None
     tolerance: float = 0.05
     short_seconds: Optional[float] = None
     short_tolerance: float = 0.25
@@ -90,7 +92,7 @@ class SearchSpec:
     max_levels: int = 12
     margin: float = 0.1
 
-    KEYS = ("axis", "objective", "start", "full_seconds", "minimum", "maximum", "bar",
+    KEYS = ("axis", "objective", "start", "full_seconds", "minimum", "maximum", "beat",
             "tolerance", "short_seconds", "short_tolerance", "expand", "max_levels", "margin")
 
     @classmethod
@@ -103,8 +105,8 @@ class SearchSpec:
                               % (", ".join(unknown), ", ".join(cls.KEYS)))
         axis = spec.get("axis", "rate")
         if axis not in AXES:
-            raise SearchError("capacity_search.axis: %r is not one of %s" % (axis,
-                                                                           ", ".join(AXES)))
+            raise SearchError("capacity_search.axis: %r is not one of %s"
+                              % (axis, ", ".join(AXES)))
         try:
             objective = Objective.parse(spec.get("objective"), "capacity_search.objective")
         except ObjectiveError as exc:
@@ -120,8 +122,8 @@ class SearchSpec:
             raise SearchError("capacity_search needs start (the first load) and full_seconds "
                               "(the window of the final levels)")
         if maximum < minimum:
-            raise SearchError("capacity_search: maximum %g is below minimum %g" % (maximum,
-                                                                                 minimum))
+            raise SearchError("capacity_search: maximum %g is below minimum %g"
+                              % (maximum, minimum))
         short = _number(spec, "short_seconds", None)
         if short is not None and short >= full:
             raise SearchError("capacity_search.short_seconds %g must be below full_seconds %g "
@@ -134,12 +136,12 @@ class SearchSpec:
         expand = _number(spec, "expand", 2.0, 1.0)
         levels = _number(spec, "max_levels", 12, 1.0, False, True)
         margin = _number(spec, "margin", 0.1, 0.0, False)
-        bar = _number(spec, "bar", None, 0.0, False)
+        beat = _number(spec, "beat", None, 0.0, False)
         start = min(max(start, minimum), maximum)
         if integer:
             start = float(round(start))
         return cls(axis=axis, objective=objective, start=start, full_seconds=full,
-                   minimum=minimum, maximum=maximum, bar=bar, tolerance=tolerance,
+                   minimum=minimum, maximum=maximum, beat=beat, tolerance=tolerance,
                    short_seconds=short, short_tolerance=short_tol, expand=expand,
                    max_levels=int(levels), margin=margin)
 
@@ -223,10 +225,18 @@ class Search:
     def _ok(self):
         return [m for m in self.levels if m.judgement.passed]
 
+    def borderline(self, m: Measured) -> bool:
+        """A short level that missed the SLO by less than `margin` (its worst percentile within
+        1 + margin of its limit): a short window's p99 is a handful of requests, so that is no
+        evidence of a miss until a full-length level confirms it."""
+        j = m.judgement
+        return (m.phase == SHORT and not j.passed and not j.failed and j.excess is not None
+                and j.excess < 1.0 + self.spec.margin)
+
     def bracket(self):
-        """(lo, hi): hi the lowest load that missed the SLO, lo the highest that met it below
-        hi (None where there is none)."""
-        missed = [m.x for m in self.levels if not m.judgement.passed]
+        """(lo, hi): hi the lowest load that missed the SLO (a borderline short miss does not
+        count), lo the highest that met it below hi (None where there is none)."""
+        missed = [m.x for m in self.levels if not m.judgement.passed and not self.borderline(m)]
         hi = min(missed) if missed else None
         below = [m.x for m in self._ok() if hi is None or m.x < hi]
         return (max(below) if below else None), hi
@@ -289,15 +299,22 @@ class Search:
         if not self.levels:
             phase = SHORT if spec.short_seconds is not None else FULL
             return Step(spec.start, phase, self._seconds(phase),
-                        "the first level: %s" % ("the best trial's load" if spec.bar is not None
+                        "the first level: %s" % ("the best trial's load" if spec.beat is not None
                                                  else "the predicted capacity"))
+        last = self.levels[-1]
+        if self.borderline(last) and len(self.levels) < spec.max_levels:
+            return Step(self._fresh(last.x, True), FULL, spec.full_seconds,
+                        "a borderline miss at a short level (%s): confirmed at full length"
+                        % last.judgement.reason)
         lo, hi = self.bracket()
         bound = self.bound(hi)
-        if spec.bar is not None and bound is not None and bound <= spec.bar * (1 + spec.tolerance):
+        beat = spec.beat
+        if beat is not None and bound is not None and bound <= beat * (1 + spec.tolerance):
             return self.finish(PRUNED, "cannot beat the best so far by more than the tolerance: "
-                               "a load below %s (where the SLO was missed) scores at most %.4g "
-                               "%s, the best so far is %.4g" % (self.label(hi), bound,
-                                                               spec.objective.unit, spec.bar))
+                               "a load below %s (where the SLO was missed) scores at most %s "
+                               "%s, the best so far is %s"
+                               % (self.label(hi), "%.4g" % bound, spec.objective.unit,
+                                  "%.4g" % beat))
         if len(self.levels) >= spec.max_levels:
             return self.finish(MAX_LEVELS, "max_levels (%d) measured before the bracket closed"
                                % spec.max_levels)

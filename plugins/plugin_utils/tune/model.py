@@ -7,8 +7,8 @@ as multiplicative scales (`SCALES`: which fields each moves): `speed` (every ste
 fast this GPU and model are), and, where the space searches a flag that acts through one, the
 per-request step cost (`max_running_requests`, `cuda_graph_max_bs`), the prefill cost
 (`chunked_prefill_size`), the KV pool (`mem_fraction_static`), the eager step's factor
-(`cuda_graph_max_bs`), the draft acceptance (the `speculative_*` shape), then the per-request
-overhead. At most one fitted parameter more than the trials with a bracket, with a ridge towards the
+(`cuda_graph_max_bs`), the draft acceptance, the gain of a wider draft tree and the draft's cost
+(the `speculative_*` shape), then the per-request overhead. At most one fitted parameter more than the trials with a bracket, with a ridge towards the
 prior (RIDGE) so that the data decides what it can and the prior the rest. When a TTFT or E2E
 limit is set, the overhead comes right after the speed: a latency floor is where a new engine
 differs first.
@@ -25,7 +25,8 @@ finer one, twice).
 Prediction. A candidate's capacity is where m crosses 0 (bracketing by 1.5x, then bisection in
 log space to about 2 %), and its score the predicted goodput (or output tok/s) there. Its
 uncertainty (`spread`, log units) is the fit's own root-mean-square margin error, converted to
-capacity, at least 5 % (before any trial: 40 %, the prior's).
+capacity, plus what a few trials cannot pin down yet (40 % x 2 / (2 + trials)), at least 5 %
+(before any trial: 40 %, the prior's).
 
 Controller only, standard library only. Every prediction is deterministic for its inputs.
 """
@@ -55,6 +56,8 @@ SCALES: Dict[str, Tuple[str, ...]] = {
     "kv_pool": ("kv_capacity_tokens",),
     "eager": ("cuda_graph_eager_factor",),
     "acceptance": ("spec_accept_rate",),
+    "width_gain": ("spec_topk_gain",),
+    "draft_cost": ("spec_draft_step_ms", "spec_verify_token_ms"),
     "overhead": ("request_overhead_ms",),
 }
 # Which scale a searched flag (its SimProfile field) makes worth fitting, in order.
@@ -62,8 +65,9 @@ FIELD_SCALES = {
     "max_running": ("per_request",), "cuda_graph_max_bs": ("eager", "per_request"),
     "chunked_prefill_size": ("prefill",), "max_prefill_tokens": ("prefill",),
     "mixed_chunk": ("prefill",), "mem_fraction_static": ("kv_pool",),
-    "kv_capacity_tokens": ("kv_pool",), "spec_num_steps": ("acceptance",),
-    "spec_eagle_topk": ("acceptance",), "spec_num_draft_tokens": ("acceptance",),
+    "kv_capacity_tokens": ("kv_pool",), "spec_num_steps": ("acceptance", "draft_cost"),
+    "spec_eagle_topk": ("acceptance", "width_gain"),
+    "spec_num_draft_tokens": ("acceptance", "width_gain", "draft_cost"),
 }
 BOUNDS = (0.125, 8.0)          # a scale's range
 PRIOR_SPREAD = 0.4             # log units: before any trial
@@ -139,6 +143,7 @@ class SimModel:
         self.prompt, self.output = workload_tokens(settings)
         self.scales: Dict[str, float] = {}
         self.rmse: Optional[float] = None
+        self.points = 0
         self._cache: Dict[Tuple, Prediction] = {}
         self._previous: Dict[Tuple, float] = {}     # each candidate's last predicted capacity
         fields = simulator_fields()
@@ -154,8 +159,8 @@ class SimModel:
         if "overhead" not in order:
             order.append("overhead")
         p, _ts = resolve_profile(self.base)
-        if not p.speculative and "acceptance" in order:
-            order.remove("acceptance")
+        if not p.speculative:
+            order = [o for o in order if o not in ("acceptance", "width_gain", "draft_cost")]
         self.order = order
 
     # -- the simulator at one load ---------------------------------------------------------------
@@ -167,8 +172,8 @@ class SimModel:
                 continue
             for field in SCALES[scale]:
                 value = params.get(field, getattr(p, field))
-                if field == "spec_accept_rate":
-                    # scale the odds of acceptance, kept inside [0, 0.99]
+                if field in ("spec_accept_rate", "spec_topk_gain"):
+                    # scale the odds, kept inside [0, 0.99]
                     odds = value / max(1e-6, 1.0 - value) * factor
                     params[field] = min(0.99, odds / (1.0 + odds))
                 elif field == "kv_capacity_tokens":
@@ -257,6 +262,7 @@ class SimModel:
                 break
         self.scales = scales
         self.rmse = math.sqrt(best / len(data))
+        self.points = len(data)
         return self.describe(len(data))
 
     def describe(self, points: int) -> Dict[str, Any]:
@@ -269,10 +275,13 @@ class SimModel:
     # -- prediction ----------------------------------------------------------------------------------
     @property
     def spread(self) -> float:
+        """How far a prediction away from every measured trial may be off (log units): the fit's
+        own error (a margin error e moves the capacity by about e/2 near the knee), and what a
+        few trials cannot pin down yet (PRIOR_SPREAD, shrinking as 2 / (2 + trials))."""
         if self.rmse is None:
             return PRIOR_SPREAD
-        # a margin error of e (log latency) moves the capacity by roughly half of it near the knee
-        return max(MIN_SPREAD, min(PRIOR_SPREAD, 0.5 * self.rmse + MIN_SPREAD))
+        unpinned = PRIOR_SPREAD * 2.0 / (2.0 + self.points)
+        return max(MIN_SPREAD, min(PRIOR_SPREAD, 0.5 * self.rmse + unpinned))
 
     def predict(self, flags: Mapping[str, Any]) -> Prediction:
         key = tuple(sorted((k, str(v)) for k, v in flags.items()))
@@ -306,7 +315,7 @@ class SimModel:
         lo = hi = lo_run = None
         if m <= 0:
             lo, lo_run = x, run
-            for _ in range(12):
+            for _attempt in range(12):
                 nxt = clamp(lo * step)
                 if nxt <= lo:
                     return lo, None, lo_run
@@ -330,7 +339,7 @@ class SimModel:
                 hi = nxt
             if lo is None:
                 return None, hi, None
-        for _ in range(8):
+        for _attempt in range(8):
             if hi / lo - 1 <= 0.04 or (integer and hi - lo <= 1):
                 break
             mid = math.sqrt(lo * hi)

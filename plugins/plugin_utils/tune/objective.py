@@ -58,6 +58,7 @@ class Judgement:
     client_limited: bool = False
     per_request: Optional[float] = None   # score units per finished request (1 for goodput)
     score_ci95: Optional[float] = None    # the score's 95% half-width (see judge)
+    excess: Optional[float] = None        # the worst limited percentile over its limit
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,17 @@ class Objective:
                                  % (where, ", ".join(unknown)))
         metric = value.get("metric", "goodput")
         if metric not in METRICS:
-            raise ObjectiveError("%s.metric: %r is not one of %s" % (where, metric,
-                                                                   ", ".join(METRICS)))
+            raise ObjectiveError("%s.metric: %r is not one of %s"
+                                 % (where, metric, ", ".join(METRICS)))
         slo_in = value.get("slo") or {}
         if not isinstance(slo_in, Mapping):
-            raise ObjectiveError("%s.slo must be a mapping of %s in ms" % (where,
-                                                                          ", ".join(SLO_KEYS)))
+            raise ObjectiveError("%s.slo must be a mapping of %s in ms"
+                                 % (where, ", ".join(SLO_KEYS)))
         slo: Dict[str, float] = {}
         for key, limit in slo_in.items():
             if key not in SLO_KEYS:
-                raise ObjectiveError("%s.slo.%s: unknown SLO; known: %s" % (where, key,
-                                                                          ", ".join(SLO_KEYS)))
+                raise ObjectiveError("%s.slo.%s: unknown SLO; known: %s"
+                                     % (where, key, ", ".join(SLO_KEYS)))
             number = _finite(limit)
             if number is None or number <= 0:
                 raise ObjectiveError("%s.slo.%s must be a number of ms > 0, got %r"
@@ -150,16 +151,21 @@ class Objective:
         if not verdict.usable:
             return Judgement(False, score, throughput, verdict.reason or verdict.status, **extra)
         missed = []
+        ratios = []
         for key, limit in self.slo.items():
-            value = _finite(row.get(self.slo_column(key)))
+            value = row.get(self.slo_column(key))
+            value = float("inf") if value == float("inf") else _finite(value)
             label = "p%d %s" % (self.percentile, key[:-3].upper())
             if value is None:
                 missed.append("%s not measured" % label)
-            elif value > limit:
-                missed.append("%s %.4g ms > %g ms" % (label, value, limit))
+            else:
+                ratios.append(value / limit)
+                if value > limit:
+                    missed.append("%s %.4g ms > %g ms" % (label, value, limit))
         if score is None:
             missed.append("%s not measured" % self.column)
-        return Judgement(not missed, score, throughput, "; ".join(missed), **extra)
+        return Judgement(not missed, score, throughput, "; ".join(missed),
+                         excess=max(ratios) if ratios else None, **extra)
 
 
 def limits_text(slo: Mapping[str, float]) -> Tuple[str, ...]:

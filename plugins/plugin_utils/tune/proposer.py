@@ -11,12 +11,20 @@ score in three layers:
    misses near where it was measured;
 3. an uncertainty that is small next to a measured trial and grows away from them.
 
-The proposal is the untried candidate with the highest optimistic prediction (score times
-exp(KAPPA * uncertainty)); the tune ends when no untried candidate's optimistic prediction beats
-the best measured score by more than the tolerance (after at least MIN_TRIALS), or when the
-budget is spent (tune role). A pruned trial counts with the bound its search proved, one that
-found no passing load with a score far below, a failed one (OOM, a refused flag, a readiness
-timeout) as a strong penalty at half the weight, so that its neighbours are tried later.
+The first trials are an initial design: the model's best, then (one per searched flag) the
+untried candidate farthest from every trial so far, so that the model is fitted on trials that
+differ in every flag. Then the proposal is the untried candidate with the highest optimistic
+prediction (score times
+exp(KAPPA * uncertainty)) times its chance not to fail; the tune ends when no untried candidate's
+so weighted optimistic prediction beats the best measured score by more than the tolerance (after
+at least MIN_TRIALS), or when the budget is spent (tune role). A pruned trial
+counts with the bound its search proved, one that found no passing load with a score far below.
+A failed trial (OOM, a refused flag, a readiness timeout) says nothing about speed: it is left
+out of the correction and gives its near neighbours a failure risk instead: FAIL_ODDS for its
+twin, fading over a narrower kernel (FAIL_LENGTH), so a promising neighbour is tried after the
+safe ones of the same promise, not never; and MORE_MEMORY_RISK to a candidate that asks at least
+the memory it asked (every flag of space.RESOURCE_FLAGS at least as large, the rest equal: an
+out-of-memory failure is monotone in them).
 
 Controller only, standard library only.
 """
@@ -26,15 +34,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ansible_collections.servelab.serving.plugins.plugin_utils.tune.space import Space, key
+from ansible_collections.servelab.serving.plugins.plugin_utils.tune.space import (
+    Space, asks_at_least, key,
+)
 
 KAPPA = 1.0          # how optimistic: predictions plus this many uncertainties
 LENGTH = 0.3         # the kernel's length, in the flags' unit positions
 PRIOR_WEIGHT = 0.5   # the correction's shrinkage towards the model
 NOISE = 0.03         # log-units of a measured score's own noise (a level's window)
 MIN_TRIALS = 3
-FAILED_PENALTY = -1.0    # log ratio a failed trial counts with (its score e^-1 of predicted)
-NO_SCORE_PENALTY = -2.0
+NO_SCORE_PENALTY = -2.0  # log ratio a trial that found no passing load counts with
+FAIL_LENGTH = 0.1        # the failure risk's kernel: narrower, a failure says little far away
+FAIL_ODDS = 0.25         # the chance a failed trial's twin fails too: evidence, not a rule
+MORE_MEMORY_RISK = 0.9   # ... and one that asks at least its memory (space.RESOURCE_FLAGS)
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class Ranked:
     optimistic: float
     model: Prediction
     correction: float = 0.0
+    risk: float = 0.0              # the chance it fails as its failed neighbours did
 
 
 @dataclass
@@ -102,23 +115,29 @@ def _distance(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def _log_ratio(obs: Observation, predicted: float) -> float:
-    if obs.status == "failed":
-        return FAILED_PENALTY
     if obs.status == "no_score" or obs.score is None or obs.score <= 0:
         return NO_SCORE_PENALTY
     return math.log(obs.score / predicted) if predicted > 0 else 0.0
 
 
+def _kernel(a: Sequence[float], b: Sequence[float], length: float) -> float:
+    return math.exp(-(_distance(a, b) ** 2) / (2 * length ** 2))
+
+
 def rank(space: Space, candidates: Sequence[Mapping[str, Any]], model,
          observations: Sequence[Observation], tried: set) -> List[Ranked]:
-    """Every untried candidate with its prediction, best optimistic first."""
+    """Every untried candidate with its prediction, best (risk-weighted) optimistic first."""
     spread = getattr(model, "spread", 0.7)
-    measured = []
+    measured, failed, seen, failed_flags = [], [], [], []
     for obs in observations:
+        seen.append(space.position(obs.flags))
+        if obs.status == "failed":
+            failed.append(space.position(obs.flags))
+            failed_flags.append(obs.flags)
+            continue
         pred = model.predict(obs.flags)
         base = pred.score if pred.score and pred.score > 0 else 1.0
-        measured.append((space.position(obs.flags), _log_ratio(obs, base),
-                         obs.weight * (0.5 if obs.status == "failed" else 1.0)))
+        measured.append((space.position(obs.flags), _log_ratio(obs, base), obs.weight))
     out = []
     for flags in candidates:
         k = key(flags)
@@ -127,19 +146,40 @@ def rank(space: Space, candidates: Sequence[Mapping[str, Any]], model,
         pred = model.predict(flags)
         base = pred.score if pred.score and pred.score > 0 else 1e-9
         pos = space.position(flags)
-        weights = [(math.exp(-(_distance(pos, p) ** 2) / (2 * LENGTH ** 2)) * w, r)
-                   for p, r, w in measured]
+        weights = [(_kernel(pos, p, LENGTH) * w, r) for p, r, w in measured]
         total = PRIOR_WEIGHT + sum(w for w, _r in weights)
         correction = sum(w * r for w, r in weights) / total
         sd = math.sqrt(NOISE ** 2 + spread ** 2 * PRIOR_WEIGHT / total)
         predicted = base * math.exp(correction)
+        near_failed = sum(_kernel(pos, p, FAIL_LENGTH) for p in failed)
+        risk = FAIL_ODDS * near_failed / (1.0 + sum(_kernel(pos, p, FAIL_LENGTH) for p in seen))
+        if any(asks_at_least(flags, f) for f in failed_flags):
+            risk = MORE_MEMORY_RISK     # asks at least what a failed trial asked (space.py)
         out.append(Ranked(dict(flags), k, predicted, sd, predicted * math.exp(KAPPA * sd), pred,
-                          correction))
+                          correction, risk))
     # Ties (no model, nothing measured): the middle of the space first, then by name.
-    centre = tuple(0.5 for _ in space.dims)
-    out.sort(key=lambda r: (-round(r.optimistic, 9), _distance(space.position(r.flags), centre),
-                            r.key))
+    centre = (0.5,) * len(space.dims)
+    out.sort(key=lambda r: (-round(r.optimistic * (1 - r.risk), 9),
+                            _distance(space.position(r.flags), centre), r.key))
     return out
+
+
+def initial_size(space: Space) -> int:
+    """Trials of the initial design: one per searched flag, plus the model's best."""
+    return len(space.dims) + 1
+
+
+def spread_pick(space: Space, ranked: Sequence[Ranked], observations: Sequence[Observation]
+                ) -> Optional[Ranked]:
+    """The untried candidate farthest from every trial so far (maximin; among equals the
+    better predicted): the initial design, so that the model is fitted on trials that differ in
+    every flag, not only around its own prior's best."""
+    if not observations or not ranked:
+        return None
+    seen = [space.position(o.flags) for o in observations]
+    order = {id(r): i for i, r in enumerate(ranked)}
+    return max(ranked, key=lambda r: (round(min(_distance(space.position(r.flags), p)
+                                                for p in seen), 9), -order[id(r)]))
 
 
 def propose(space: Space, candidates: Sequence[Mapping[str, Any]], model,
@@ -149,24 +189,40 @@ def propose(space: Space, candidates: Sequence[Mapping[str, Any]], model,
     ranked = rank(space, candidates, model, observations, tried)
     if not ranked:
         return Proposal(True, "every candidate of the space was tried")
+    if 0 < len(observations) < initial_size(space):
+        pick = spread_pick(space, ranked, observations)
+        return Proposal(False, "the initial design (%d of %d): the candidate farthest from "
+                               "every trial so far" % (len(observations) + 1,
+                                                       initial_size(space)),
+                        pick.flags, pick.key, _prediction(pick), ranked)
     top = ranked[0]
     finished = sum(1 for o in observations if o.status != "failed")
-    if best is not None and finished >= MIN_TRIALS and top.optimistic <= best * (1 + tolerance):
+    hope = top
+    if best is not None and finished >= MIN_TRIALS and \
+            hope.optimistic * (1 - hope.risk) <= best * (1 + tolerance):
         return Proposal(True, "no untried candidate is expected to beat the best (%.4g) by more "
                               "than %g%%: the most optimistic one, %s, is predicted %.4g (at "
-                              "most %.4g)" % (best, 100 * tolerance, top.key, top.predicted,
-                                              top.optimistic), ranked=ranked)
+                              "most %.4g%s)" % (
+                                  best, 100 * tolerance, hope.key, hope.predicted,
+                                  hope.optimistic, ", failure risk %.0f%%" % (100 * hope.risk)
+                                  if hope.risk else ""), ranked=ranked)
     if not observations:
         why = ("the model's best candidate (%s)" % top.model.source
                if top.model.source != "none" else "the first trial: the middle of the space")
+    elif top.risk >= 0.2:
+        why = ("the best predicted candidate (%.4g), despite a failed neighbour (risk %.0f%%)"
+               % (top.predicted, 100 * top.risk))
     elif top.optimistic > top.predicted * 1.2 and top.sd > 0.2:
         why = "exploration: far from every measured trial (uncertainty %.0f%%)" % (100 * top.sd)
     else:
         why = "the best predicted candidate (%.4g, +-%.0f%%)" % (top.predicted, 100 * top.sd)
-    return Proposal(False, why, top.flags, top.key,
-                    {"score": top.predicted, "sd": top.sd, "optimistic": top.optimistic,
-                     "model_score": top.model.score, "x": top.model.x,
-                     "source": top.model.source, "correction": top.correction}, ranked)
+    return Proposal(False, why, top.flags, top.key, _prediction(top), ranked)
+
+
+def _prediction(r: Ranked) -> Dict[str, Any]:
+    return {"score": r.predicted, "sd": r.sd, "optimistic": r.optimistic,
+            "model_score": r.model.score, "x": r.model.x, "source": r.model.source,
+            "correction": r.correction, "risk": r.risk}
 
 
 def observation_of(trial) -> Optional[Observation]:

@@ -78,8 +78,8 @@ def search_spec(settings: Mapping, best: Optional[st.Trial], predicted_x: Option
         spec["short_seconds"] = settings["short_level_seconds"]
     best_x = (best.outcome or {}).get("best_x") if best is not None else None
     if best is not None and best_x:
-        spec.update(start=best_x, bar=best.score)
-        # Up from the bar towards the predicted capacity in one step where the model expects more.
+        spec.update(start=best_x, beat=best.score)
+        # Up from the best load towards the predicted capacity in one step where the model expects more.
         ratio = (predicted_x / best_x) if predicted_x else 0
         spec["expand"] = min(4.0, max(1.25, ratio * 1.05)) if ratio > 1 else 1.25
     elif predicted_x:

@@ -200,7 +200,8 @@ def _scalar(raw):
 
 def same_server(profile: Mapping, engine: str) -> Optional[str]:
     """What decides the server a candidate runs, for telling two candidates apart: the
-    simulator's resolved profile (two candidates it resolves alike are one server), or for
+    simulator's resolved profile with the draft tree it runs (draft tokens used, depth, mean
+    width: two candidates alike in these run alike, effects.py), or for
     SGLang its settings after the engine's own rewrite (engine_rules' topk1_draft_rewritten:
     topk 1 runs steps + 1 draft tokens whatever was given). None: every candidate is its own."""
     if engine == "simulator":
@@ -210,10 +211,11 @@ def same_server(profile: Mapping, engine: str) -> Optional[str]:
             return None
         fields = {k: v for k, v in dataclasses.asdict(p).items()
                   if k not in ("name", "description")}
-        if p.speculative:       # the shape it runs (effects.spec_shape), not the one given
-            fields["spec_num_draft_tokens"] = spec_shape(
-                p.spec_num_steps, p.spec_eagle_topk, p.spec_num_draft_tokens)[0]
-            fields["spec_eagle_topk"] = p.spec_eagle_topk or 1
+        if p.speculative:       # the tree it runs (effects.spec_shape), not the shape given
+            used, depth, width = spec_shape(p.spec_num_steps, p.spec_eagle_topk,
+                                            p.spec_num_draft_tokens)
+            fields.update(spec_num_draft_tokens=used, spec_eagle_topk=round(width, 9),
+                          spec_tree_depth=depth)
         return json.dumps([fields, ts], sort_keys=True, default=str)
     if engine == "sglang":
         view = sglang_view(profile, engine)
@@ -378,7 +380,7 @@ def check_tune(values: Mapping[str, Any], given: Sequence[str], origins: Mapping
         out.probes.append(apply(base, engine, flags, name, fields))
     if engine == "command":
         out.help_checks.append({"variable": "tune_space", "argv": list(base.get("command") or []),
-                                "flags": [f for f in space.flags], "hosts": [host],
+                                "flags": list(space.flags), "hosts": [host],
                                 "where": origins.get("tune_space", "")})
     time_scale = ((base.get("simulator") or {}).get("time_scale")
                   if engine == "simulator" else None)

@@ -41,6 +41,31 @@ SGLANG_PROFILE_KEYS = {
     "--speculative-num-draft-tokens": ("speculative", "num_draft_tokens"),
 }
 ENGINES = ("sglang", "vllm", "simulator", "command")
+# Flags that only ask for more GPU memory as they grow (the KV pool's share, the CUDA graphs
+# captured, the running batch, the tokens a step holds): a stated assumption, by which a
+# candidate asking at least as much of each as a trial that failed is expected to fail too
+# (proposer.py). SGLang's and transformers serve's names; the simulator takes SGLang's.
+RESOURCE_FLAGS = frozenset((
+    "--mem-fraction-static", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode",
+    "--max-running-requests", "--chunked-prefill-size", "--max-prefill-tokens",
+    "--cb-num-blocks", "--cb-max-memory-percent", "--cb-max-batch-tokens",
+))
+
+
+def asks_at_least(flags: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """Whether `flags` asks for at least the memory `other` asks for: equal in every flag that
+    is not a RESOURCE_FLAGS one, at least as large in each that is (and the two differ)."""
+    if flags == other:
+        return False
+    for flag, value in other.items():
+        mine = flags.get(flag)
+        if flag in RESOURCE_FLAGS and isinstance(value, (int, float)) \
+                and isinstance(mine, (int, float)) and not isinstance(value, bool):
+            if mine < value:
+                return False
+        elif mine != value:
+            return False
+    return True
 _FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 
 

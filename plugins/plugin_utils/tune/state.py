@@ -78,7 +78,7 @@ class Trial:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Trial:
-        known = {f for f in cls.__dataclass_fields__}   # pylint: disable=no-member
+        known = set(cls.__dataclass_fields__)   # pylint: disable=no-member
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @property
