@@ -111,7 +111,9 @@ def test_command_engine_flags_are_checked_by_the_commands_help():
 
 def test_candidates_the_engine_runs_as_one_server_are_tried_once():
     """topk 1 runs steps + 1 draft tokens whatever was given (SGLang rewrites it; the simulator
-    resolves it alike): of topk 1 x draft 4, 8 only the first is a candidate."""
+    resolves it alike): of topk 1 x draft 4, 8 only the first is a candidate; and 4 draft tokens
+    over 3 steps leave 3 tree nodes over 3 depths, a chain whatever the topk: the simulator runs
+    topk 4 x draft 4 as topk 1."""
     space = {"speculative_num_steps": [3], "speculative_eagle_topk": [1, 4],
              "speculative_num_draft_tokens": [4, 8]}
     check = check_tune(values(tune_space=space, bench_profiles=[
@@ -119,11 +121,13 @@ def test_candidates_the_engine_runs_as_one_server_are_tried_once():
     assert check.ok, messages(check)
     same = [r for r in check.refused if r["kind"] == "same server"]
     assert [r["key"] for r in same] == [
-        "speculative-eagle-topk=1 speculative-num-draft-tokens=8 speculative-num-steps=3"]
-    assert same[0]["reason"] == ("the engine runs it as the same server as "
-                                 "speculative-eagle-topk=1 speculative-num-draft-tokens=4 "
-                                 "speculative-num-steps=3")
-    assert len(check.candidates) == 3
+        "speculative-eagle-topk=1 speculative-num-draft-tokens=8 speculative-num-steps=3",
+        "speculative-eagle-topk=4 speculative-num-draft-tokens=4 speculative-num-steps=3"]
+    assert {r["reason"] for r in same} == {"the engine runs it as the same server as "
+                                           "speculative-eagle-topk=1 "
+                                           "speculative-num-draft-tokens=4 "
+                                           "speculative-num-steps=3"}
+    assert len(check.candidates) == 2
 
 
 def test_sglang_rules_refuse_a_draft_tree_too_large_for_its_steps_and_topk():
