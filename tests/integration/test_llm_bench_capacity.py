@@ -24,7 +24,7 @@ SERVER = ("--profile", "baseline", "--step-base-ms", "20", "--step-per-req-ms", 
 SEARCH = {"axis": "rate", "objective": {"metric": "goodput", "slo": {"ttft_ms": 150},
                                         "percentile": 90},
           "start": 6, "short_seconds": 1.0, "full_seconds": 2.0, "tolerance": 0.12,
-          "short_tolerance": 0.4, "minimum": 0.5, "maximum": 200, "max_levels": 9}
+          "short_tolerance": 0.4, "minimum": 0.5, "maximum": 200, "max_levels": 12}
 
 
 def sweep(tmp_path, url, search):
@@ -67,7 +67,7 @@ def test_capacity_search_bisects_and_a_resume_keeps_its_levels(tmp_path):
         assert 6 <= outcome["lo"] < outcome["hi"] <= 30, outcome
         assert outcome["score"] is not None and outcome["score"] <= outcome["best_x"] * 1.3
         xs = [m["x"] for m in outcome["levels_measured"]]
-        assert len(xs) == len(set(xs)) == outcome["levels"] <= 9
+        assert len(xs) == len(set(xs)) == outcome["levels"] <= 12
         phases = [m["phase"] for m in outcome["levels_measured"]]
         assert phases[0] == "short" and phases[-1] == "full"
         assert "capacity search, short level (1s)" in first.stdout

@@ -157,7 +157,8 @@ def test_a_lucky_short_level_never_makes_the_result():
     def measure(step):
         capacity = 10.0 if step.phase == cap.SHORT else 8.0
         return server(capacity)(step)
-    out = cap.run_search(spec(start=4.0, tolerance=0.05, short_tolerance=0.3), measure)
+    out = cap.run_search(spec(start=4.0, tolerance=0.05, short_tolerance=0.3, max_levels=16),
+                         measure)
     assert out.status == cap.FOUND, out
     assert out.best_x <= 8.0 and out.lo <= 8.0 < out.hi and out.score == pytest.approx(out.best_x)
 

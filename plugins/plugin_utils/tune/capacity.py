@@ -14,8 +14,9 @@ load comes next):
    for a concurrency). The bracket never holds a measured load, so no load is measured twice.
 4. Short levels first: while the bracket is wider than `short_tolerance`, levels run
    `short_seconds` (screening); then `full_seconds`, and the bracket's bottom is the highest
-   full-length level that met the SLO (none yet: a step of half the tolerance under the short
-   bracket's bottom, repeated), until it is narrower than `tolerance`. The score is the best
+   full-length level that met the SLO (none yet: the middle of the bracket while it is wide, a
+   step of half the tolerance under its short bottom when not), until it is narrower than
+   `tolerance`. The score is the best
    full-length passing level's: a short level decides where to look, never the result.
    A short level that misses the SLO by less than `margin` is borderline (a short window's p99
    is a handful of requests): the next level confirms it at full length, just under its load.
@@ -338,15 +339,18 @@ class Search:
             full_lo = max((m.x for m in self._ok() if m.phase == FULL and m.x < hi),
                           default=None)
             if full_lo is None:
-                # None yet: step down from the short bracket's bottom by the tolerance.
-                start = min(lo, hi)
-                x = (start - 1) if spec.integer else start * (1.0 - spec.tolerance / 2)
+                # None yet: the middle of the bracket at full length while it is wide, else a
+                # step of half the tolerance under its (short) bottom.
+                if self._width(lo, hi) > spec.tolerance:
+                    return Step(self._fresh(self._middle(lo, hi), True), FULL,
+                                spec.full_seconds, "a full-length level must meet the SLO: "
+                                "bisect [%s, %s)" % (self.label(lo), self.label(hi)))
+                x = (lo - 1) if spec.integer else lo * (1.0 - spec.tolerance / 2)
                 if x < spec.minimum:
                     return self.finish(NONE_PASSED, "no full-length level met the SLO down to "
                                        "the minimum load %s" % self.label(spec.minimum))
                 return Step(self._fresh(x, True), FULL, spec.full_seconds,
-                            "a full-length level must meet the SLO: under %s"
-                            % self.label(start))
+                            "a full-length level must meet the SLO: under %s" % self.label(lo))
             if self._width(full_lo, hi) <= spec.tolerance:
                 return self.finish(FOUND, "the capacity lies in [%s, %s)"
                                    % (self.label(full_lo), self.label(hi)))

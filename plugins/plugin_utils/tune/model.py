@@ -8,10 +8,10 @@ fast this GPU and model are), and, where the space searches a flag that acts thr
 per-request step cost (`max_running_requests`, `cuda_graph_max_bs`), the prefill cost
 (`chunked_prefill_size`), the KV pool (`mem_fraction_static`), the eager step's factor
 (`cuda_graph_max_bs`), the draft acceptance, the gain of a wider draft tree and the draft's cost
-(the `speculative_*` shape), then the per-request overhead. At most one fitted parameter more than the trials with a bracket, with a ridge towards the
-prior (RIDGE) so that the data decides what it can and the prior the rest. When a TTFT or E2E
-limit is set, the overhead comes right after the speed: a latency floor is where a new engine
-differs first.
+(the `speculative_*` shape), then the per-request overhead. At most one fitted parameter more
+than the trials with a bracket, with a ridge towards the prior (RIDGE) so that the data decides
+what it can and the prior the rest. When a TTFT or E2E limit is set, the overhead comes right
+after the speed: a latency floor is where a new engine differs first.
 
 The fit. A trial measured its capacity bracket [lo, hi): the SLO was met at lo and missed at hi.
 The model's SLO margin at a load x, m(x) = max over the limited latencies of
@@ -20,7 +20,7 @@ finished trials of m(sqrt(lo * hi))^2, and over trials that only missed (pruned,
 of max(0, -m(hi))^2. One prediction per trial per evaluation (predict_run with a fixed seed:
 common random numbers, so the loss moves with the parameters and not with the draws);
 coordinate search on the log scales (a coarse grid of factors around the current value, then a
-finer one, twice).
+finer one, twice, stopping early when a pass improves nothing).
 
 Prediction. A candidate's capacity is where m crosses 0 (bracketing by 1.5x, then bisection in
 log space to about 2 %), and its score the predicted goodput (or output tok/s) there. Its
