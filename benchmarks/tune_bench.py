@@ -260,16 +260,42 @@ def _recording(eng, spans):
     return measure
 
 
+def same_server(check) -> Dict[str, str]:
+    """{candidate key: the key of the candidate the engine runs it as}: the tuner's dedupe
+    (settings.same_server), which vLLM's grid does not have."""
+    prefix = "the engine runs it as the same server as "
+    return {r["key"]: r["reason"][len(prefix):] for r in check.refused
+            if r.get("kind") == "same server"}
+
+
+def grid_keys(check) -> List[str]:
+    """The grid a user's space gives: every combination the engine runs (its refusals left out),
+    the ones it runs as the same server included."""
+    return [key(f) for f in check.candidates] + sorted(same_server(check))
+
+
 def run_vllm(case: Case, check) -> dict:
-    """auto_tune.sh's loop with the oracle (module docstring)."""
+    """auto_tune.sh's loop with the oracle (module docstring), over the whole grid: a candidate
+    the engine runs as the same server as another counts its twin's measurements (the same
+    server, so the same levels; measured once to spare the benchmark's own time)."""
     objective = Objective.parse(check.settings["objective"])
     eng = engine(case, 1000)
     levels, seconds, rows = 0, 0.0, []
     best = None
-    for flags in check.candidates:
-        k = key(flags)
+    twins = same_server(check)
+    walked: Dict[str, tuple] = {}
+    for k in grid_keys(check):
+        if k in twins and twins[k] in walked:
+            lv, sec, rate, value = walked[twins[k]]
+            levels += lv
+            seconds += sec
+            rows.append((k, rate, value))
+            continue
+        flags = next(f for f in check.candidates if key(f) == k)
+        before = (levels, seconds)
         if eng.failing is not None and eng.failing(flags):
             rows.append((k, "failed", None))
+            walked[k] = (0, 0.0, None, None)
             continue
         eng.levels += 1
         # request rate inf: all 1000 at once (a closed loop of 1000 clients, its window the
@@ -298,13 +324,15 @@ def run_vllm(case: Case, check) -> dict:
                 r -= 1
         if found is None:
             rows.append((k, "no rate met the SLO", None))
+            walked[k] = (levels - before[0], seconds - before[1], None, None)
             continue
         thr = found.request_s if rate != "inf" else throughput
         value = found.output_tok_s if objective.metric == "output_tok_s" else thr
         rows.append((k, rate, value))
+        walked[k] = (levels - before[0], seconds - before[1], rate, value)
         if best is None or value > best[1]:
             best = (k, value, rate)
-    return {"trials": len(check.candidates), "levels": levels, "seconds": seconds,
+    return {"trials": len(grid_keys(check)), "levels": levels, "seconds": seconds,
             "best": best[0] if best else None, "best_rate": best[2] if best else None,
             "rows": rows}
 
@@ -318,8 +346,11 @@ def prior_pick(case: Case, check) -> Optional[str]:
 
 def ratio(table, k) -> Optional[float]:
     best = max(v[1] for v in table.values() if v)
-    value = table.get(k)
+    value = table.get(TWINS.get(k, k))
     return (value[1] / best) if value else 0.0
+
+
+TWINS: Dict[str, str] = {}    # the current case's same-server map (ratio looks twins up)
 
 
 def main(argv=None) -> int:
@@ -345,7 +376,9 @@ def main(argv=None) -> int:
     for name in args.cases.split(","):
         case = CASES[name]
         check = settings_for(case)
-        grid = len(check.candidates)
+        TWINS.clear()
+        TWINS.update(same_server(check))
+        grid = len(grid_keys(check))
         budget = grid // 3
         say()
         say("## Case %s: %s" % (case.name, case.what))
@@ -353,10 +386,12 @@ def main(argv=None) -> int:
         objective = Objective.parse(check.settings["objective"])
         say("- objective: %s; workload %d prompt / %d output tokens; open loop (Poisson)"
             % (objective.describe(), case.prompt, case.output))
-        say("- space: %s = %d combinations, %d refused by the engine's rules, %d candidates; "
-            "tuner budget %d trials (a third)" % (
+        refused = sum(1 for r in check.refused if r.get("kind") != "same server")
+        say("- space: %s = %d combinations; %d refused by the engine's rules, so a grid of %d "
+            "runnable ones (%d of them the same server as another, which the tuner tries once: "
+            "%d distinct); tuner budget %d trials (a third of the grid)" % (
                 " x ".join("%s %s" % (k, v) for k, v in case.space.items()),
-                grid + len(check.refused), len(check.refused), grid, budget))
+                grid + refused, refused, grid, len(TWINS), len(check.candidates), budget))
         say("- the tuner's prior (base profile): %s; the engine's hidden parameters: %s%s"
             % (json.dumps(case.prior), json.dumps(case.truth),
                "; " + case.failing_text if case.failing_text else ""))
@@ -380,15 +415,15 @@ def main(argv=None) -> int:
             r = ratio(table, res["best"]) if res["best"] else 0.0
             rows.append(["tuner seed %d" % seed, str(res["trials"]), str(res["levels"]),
                          "%.0f" % res["seconds"], res["best"] or "-",
-                         "%.4g" % (table[res["best"]][1] if res["best"] and table.get(res["best"])
-                                   else 0), "%.1f %%" % (100 * r),
+                         "%.4g" % (r * max(v[1] for v in table.values() if v)),
+                         "%.1f %%" % (100 * r),
                          "%.2f" % (res["trials"] / grid),
                          "%.2f" % (res["levels"] / vllm["levels"]),
                          "%.2f" % (res["seconds"] / vllm["seconds"]),
                          "%.0f" % res["compute_s"]])
         rows.append(["vLLM grid + walk", str(vllm["trials"]), str(vllm["levels"]),
                      "%.0f" % vllm["seconds"], vllm["best"] or "-",
-                     "%.4g" % (table[vllm["best"]][1] if vllm["best"] else 0),
+                     "%.4g" % (vr * max(v[1] for v in table.values() if v)),
                      "%.1f %%" % (100 * vr), "1.00", "1.00", "1.00", "-"])
         t = Table(["strategy", "trials", "levels", "measured s", "best found",
                    "its true score", "of optimum", "trials / grid", "levels / vLLM",
