@@ -67,8 +67,8 @@ def test_every_trial_starts_at_the_best_load_and_a_worse_one_is_pruned_early():
     finished = [t for t in state.trials if t.status == st.FINISHED]
     assert pruned and finished, [(t.key, t.status) for t in state.trials]
     assert min(t.levels for t in pruned) <= 2, [(t.key, t.levels) for t in pruned]
-    mean = lambda ts: sum(t.levels for t in ts) / len(ts)  # noqa: E731
-    assert mean(pruned) < mean(finished)
+    assert sum(t.levels for t in pruned) / len(pruned) < \
+        sum(t.levels for t in finished) / len(finished)
     for t in state.trials[1:]:
         best = max((p for p in state.trials[:state.trials.index(t)] if p.score is not None),
                    key=lambda p: p.score)

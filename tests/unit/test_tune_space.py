@@ -91,3 +91,12 @@ def test_simulator_takes_sglang_names_as_its_fields():
 def test_key_is_sorted_and_stable():
     assert key({"--b": 2, "--a": 0.5}) == "a=0.5 b=2" == key({"--a": 0.5, "--b": 2})
     assert canonical_flag("Max_Running_Requests") == "--max-running-requests"
+
+
+def test_a_candidate_asks_at_least_a_failed_ones_memory_only_when_every_memory_flag_is_larger():
+    from ansible_collections.servelab.serving.plugins.plugin_utils.tune.space import asks_at_least
+    failed = {"--mem-fraction-static": 0.9, "--cuda-graph-max-bs": 64, "--schedule-policy": "lpm"}
+    assert asks_at_least(dict(failed, **{"--cuda-graph-max-bs": 128}), failed)
+    assert not asks_at_least(dict(failed, **{"--mem-fraction-static": 0.85}), failed)
+    assert not asks_at_least(dict(failed, **{"--schedule-policy": "fcfs"}), failed)
+    assert not asks_at_least(failed, failed)

@@ -314,8 +314,8 @@ class Search:
             return self.finish(PRUNED, "cannot beat the best so far by more than the tolerance: "
                                "a load below %s (where the SLO was missed) scores at most %s "
                                "%s, the best so far is %s"
-                               % (self.label(hi), "%.4g" % bound, spec.objective.unit,
-                                  "%.4g" % beat))
+                               % (self.label(hi), "%.4g" % float(bound), spec.objective.unit,
+                                  "%.4g" % float(beat)))
         if len(self.levels) >= spec.max_levels:
             return self.finish(MAX_LEVELS, "max_levels (%d) measured before the bracket closed"
                                % spec.max_levels)

@@ -66,6 +66,8 @@ def asks_at_least(flags: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
         elif mine != value:
             return False
     return True
+
+
 _FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 
 
