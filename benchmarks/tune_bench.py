@@ -53,7 +53,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.tune.objective im
 from ansible_collections.servelab.serving.plugins.plugin_utils.tune.space import key  # noqa: E402
 
 CACHE = os.path.join(REPO, ".cache", "tune_bench")
-TRUTH_REQUESTS = 400
+TRUTH_REQUESTS = 1000
 TRUTH_SEED = 11
 VLLM_INF_REQUESTS = 1000
 VLLM_STEP_REQUESTS = 100
@@ -100,7 +100,7 @@ CASES = {
                "request_overhead_ms": 350},
         space={"max_running_requests": [8, 16, 24, 32, 48, 64, 96, 128],
                "chunked_prefill_size": [-1, 512, 1024, 2048, 4096]},
-        level_seconds=10, first_load=20),
+        level_seconds=20, first_load=20),
     "B": Case(
         "B", "cuda_graph_max_bs x mem_fraction_static, output tok/s under p99 TTFT, the KV pool "
              "binding; the engine runs out of memory where the graphs and the pool together "
@@ -112,7 +112,7 @@ CASES = {
                "cuda_graph_eager_factor": 3.0, "request_overhead_ms": 500},
         space={"cuda_graph_max_bs": [8, 16, 32, 64, 128],
                "mem_fraction_static": [0.6, 0.7, 0.8, 0.85, 0.9]},
-        level_seconds=10, failing=_oom,
+        level_seconds=20, failing=_oom,
         failing_text="OOM when mem_fraction_static + 0.001 x cuda_graph_max_bs > 0.93",
         first_load=40),
     "C": Case(
@@ -125,7 +125,7 @@ CASES = {
         space={"speculative_num_steps": [1, 2, 3, 4, 5],
                "speculative_eagle_topk": [1, 2, 4, 8],
                "speculative_num_draft_tokens": [2, 4, 8, 16]},
-        level_seconds=10, first_load=20),
+        level_seconds=20, first_load=20),
 }
 
 
@@ -210,7 +210,7 @@ def truth_table(case: Case, check) -> Dict[str, Optional[list]]:
     blob = json.dumps({"truth": case.truth_params(), "space": case.space, "slo": case.slo,
                        "metric": case.metric, "p": case.prompt, "o": case.output,
                        "failing": case.failing_text, "n": TRUTH_REQUESTS, "seed": TRUTH_SEED,
-                       "v": 3}, sort_keys=True)
+                       "v": 4}, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
     path = os.path.join(CACHE, "truth-%s-%s.json" % (case.name, digest))
     if os.path.isfile(path):

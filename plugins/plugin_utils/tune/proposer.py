@@ -11,10 +11,10 @@ score in three layers:
    misses near where it was measured;
 3. an uncertainty that is small next to a measured trial and grows away from them.
 
-The first trials are an initial design: the model's best, then (one per searched flag) the
-untried candidate farthest from every trial so far, so that the model is fitted on trials that
-differ in every flag. Then the proposal is the untried candidate with the highest optimistic
-prediction (score times
+The first trials are an initial design: the model's best, then (one per searched flag, at most
+a quarter of a budget in trials) the untried candidate farthest from every trial so far, so
+that the model is fitted on trials that differ in every flag. Then the proposal is the untried
+candidate with the highest optimistic prediction (score times
 exp(KAPPA * uncertainty)) times its chance not to fail; the tune ends when no untried candidate's
 so weighted optimistic prediction beats the best measured score by more than the tolerance (after
 at least MIN_TRIALS), or when the budget is spent (tune role). A pruned trial
@@ -164,9 +164,11 @@ def rank(space: Space, candidates: Sequence[Mapping[str, Any]], model,
     return out
 
 
-def initial_size(space: Space) -> int:
-    """Trials of the initial design: one per searched flag, plus the model's best."""
-    return len(space.dims) + 1
+def initial_size(space: Space, budget: Optional[int] = None) -> int:
+    """Trials of the initial design: one per searched flag, plus the model's best; at most a
+    quarter of a budget in trials (and at least 2)."""
+    size = len(space.dims) + 1
+    return min(size, max(2, budget // 4)) if budget else size
 
 
 def spread_pick(space: Space, ranked: Sequence[Ranked], observations: Sequence[Observation]
@@ -184,16 +186,16 @@ def spread_pick(space: Space, ranked: Sequence[Ranked], observations: Sequence[O
 
 def propose(space: Space, candidates: Sequence[Mapping[str, Any]], model,
             observations: Sequence[Observation], tried: set, best: Optional[float],
-            tolerance: float) -> Proposal:
-    """The next candidate, or done with the reason."""
+            tolerance: float, budget: Optional[int] = None) -> Proposal:
+    """The next candidate, or done with the reason. budget: the tune's budget in trials."""
     ranked = rank(space, candidates, model, observations, tried)
     if not ranked:
         return Proposal(True, "every candidate of the space was tried")
-    if 0 < len(observations) < initial_size(space):
+    size = initial_size(space, budget)
+    if 0 < len(observations) < size:
         pick = spread_pick(space, ranked, observations)
         return Proposal(False, "the initial design (%d of %d): the candidate farthest from "
-                               "every trial so far" % (len(observations) + 1,
-                                                       initial_size(space)),
+                               "every trial so far" % (len(observations) + 1, size),
                         pick.flags, pick.key, _prediction(pick), ranked)
     top = ranked[0]
     finished = sum(1 for o in observations if o.status != "failed")

@@ -117,7 +117,8 @@ def next_trial(state: st.TuneState, settings: Mapping, model=None) -> Tuple[Opti
         state.model = dict(model.fit(observations) or {}, observations=len(observations))
         min_trials = int(settings.get("min_trials") or 1)
         proposal = propose(space, pool, model, observations, tried,
-                           best.score if best else None, float(settings["tolerance"]))
+                           best.score if best else None, float(settings["tolerance"]),
+                           (settings.get("budget") or {}).get("trials"))
         finished = sum(1 for o in observations if o.status != "failed")
         if proposal.done and (finished >= min_trials or not proposal.ranked):
             return None, proposal.reason
