@@ -275,6 +275,25 @@ def grid_keys(check) -> List[str]:
 
 
 def run_vllm(case: Case, check) -> dict:
+    """run_vllm_walk, cached under .cache/tune_bench/ (it does not depend on the tuner: the
+    same case gives the same walk, its seed fixed)."""
+    blob = json.dumps({"truth": case.truth_params(), "space": case.space, "slo": case.slo,
+                       "metric": case.metric, "p": case.prompt, "o": case.output,
+                       "failing": case.failing_text, "grid": grid_keys(check), "v": 1},
+                      sort_keys=True)
+    path = os.path.join(CACHE, "vllm-%s-%s.json" % (
+        case.name, hashlib.sha256(blob.encode()).hexdigest()[:12]))
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    out = run_vllm_walk(case, check)
+    os.makedirs(CACHE, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(out, fh, indent=1, default=str)
+    return out
+
+
+def run_vllm_walk(case: Case, check) -> dict:
     """auto_tune.sh's loop with the oracle (module docstring), over the whole grid: a candidate
     the engine runs as the same server as another counts its twin's measurements (the same
     server, so the same levels; measured once to spare the benchmark's own time)."""

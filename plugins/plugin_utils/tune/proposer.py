@@ -19,7 +19,9 @@ exp(KAPPA * uncertainty)) times its chance not to fail; the tune ends when no un
 so weighted optimistic prediction beats the best measured score by more than the tolerance (after
 at least MIN_TRIALS), or when the budget is spent (tune role). A pruned trial
 counts with the bound its search proved, one that found no passing load with a score far below.
-A failed trial (OOM, a refused flag, a readiness timeout) says nothing about speed: it is left
+A failed trial (OOM, a refused flag, a readiness timeout) is followed by its back-off: the same
+flags with one memory flag (space.RESOURCE_FLAGS) a step lower, the best predicted - what an
+operator tries after an out-of-memory failure. It says nothing about speed: it is left
 out of the correction and gives its near neighbours a failure risk instead: FAIL_ODDS for its
 twin, fading over a narrower kernel (FAIL_LENGTH), so a promising neighbour is tried after the
 safe ones of the same promise, not never; and MORE_MEMORY_RISK to a candidate that asks at least
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.servelab.serving.plugins.plugin_utils.tune.space import (
-    Space, asks_at_least, key,
+    Space, asks_at_least, backoffs, key,
 )
 
 KAPPA = 1.0          # how optimistic: predictions plus this many uncertainties
@@ -191,6 +193,17 @@ def propose(space: Space, candidates: Sequence[Mapping[str, Any]], model,
     ranked = rank(space, candidates, model, observations, tried)
     if not ranked:
         return Proposal(True, "every candidate of the space was tried")
+    last = observations[-1] if observations else None
+    if last is not None and last.status == "failed":
+        # An operator's move after an out-of-memory failure: the same flags with one memory
+        # flag a step lower (space.backoffs), the best predicted of them.
+        wanted = {key(f) for f in backoffs(space, last.flags)}
+        options = [r for r in ranked if r.key in wanted]
+        if options:
+            pick = options[0]
+            return Proposal(False, "back off from the failed %s: one memory flag a step lower "
+                                   "(the best predicted of %d)" % (key(last.flags), len(options)),
+                            pick.flags, pick.key, _prediction(pick), ranked)
     size = initial_size(space, budget)
     if 0 < len(observations) < size:
         pick = spread_pick(space, ranked, observations)

@@ -52,6 +52,19 @@ RESOURCE_FLAGS = frozenset((
 ))
 
 
+def backoffs(space: Space, flags: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """`flags` with one RESOURCE_FLAGS flag one value lower (each such flag in turn): what an
+    operator tries after an out-of-memory failure."""
+    out = []
+    for dim in space.dims:
+        if dim.flag not in RESOURCE_FLAGS or not dim.numeric or dim.flag not in flags:
+            continue
+        lower = [v for v in dim.values if v < flags[dim.flag]]
+        if lower:
+            out.append(dict(flags, **{dim.flag: max(lower)}))
+    return out
+
+
 def asks_at_least(flags: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     """Whether `flags` asks for at least the memory `other` asks for: equal in every flag that
     is not a RESOURCE_FLAGS one, at least as large in each that is (and the two differ)."""
