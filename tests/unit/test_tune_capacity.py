@@ -236,6 +236,19 @@ def test_loads_met_only_at_short_levels_are_said_so_not_none():
     assert none.status == cap.NONE_PASSED and "not even the minimum" in none.reason
 
 
+def test_out_of_levels_with_a_full_length_pass_only_above_the_lowest_miss_still_scores():
+    """A noisy server: a short miss at 8/s below a full-length pass at 12/s. Out of levels,
+    the outcome scores the full-length pass as a lower bound instead of failing on an empty
+    max() (the search's own outcome must never raise)."""
+    search = cap.Search(spec(start=12.0, max_levels=2))
+    search.add(12.0, cap.FULL, server(20.0)(cap.Step(12.0, cap.FULL, 10, "")))
+    search.add(8.0, cap.SHORT, server(5.0)(cap.Step(8.0, cap.SHORT, 2, "")))
+    out = search.next_step()
+    assert isinstance(out, cap.Outcome) and out.status == cap.MAX_LEVELS, out
+    assert out.score == pytest.approx(12.0) and out.lower_bound, out
+    assert "at least rate=12/s" in out.reason, out.reason
+
+
 def test_resume_replays_a_search_that_ends_on_its_kept_level():
     """The reserved last level is a pure function of the levels too: a replay of the kept levels
     asks for the same loads, phases and outcome."""

@@ -117,8 +117,8 @@ def test_a_tune_without_a_score_says_what_its_levels_showed():
     rate = {"axis": "rate"}
     assert no_score_words([{"status": "no_score", "highest_load_met": 16.0},
                            {"status": "no_score", "highest_load_met": None}], rate) == (
-        "no trial has a full-length level that met the SLO, though loads up to rate 16/s did at "
-        "short levels: raise tune_max_levels")
+        "no trial ended with a score, though loads up to rate 16/s met the SLO (each trial's "
+        "reason says why)")
     assert no_score_words([{"status": "no_score", "highest_load_met": None}], rate) == \
         "no load any trial measured met the SLO"
     assert "every trial failed" in no_score_words([{"status": "failed"}], rate)

@@ -122,12 +122,14 @@ def summary_lines(view: TuneView) -> List[str]:
 
 
 def no_score_words(rows, settings) -> str:
-    """Why no trial has a score, as the levels say it: no load met the SLO at all, or some did
-    at short levels only (the highest named), or no trial ended."""
+    """Why no trial has a score, as the levels say it: loads met the SLO (the highest named)
+    yet no trial ended with a score (out of levels before a full-length level met it, a
+    full-length level missed, the server died: each trial's reason says which), no load met it
+    at all, every trial failed, or no trial ended. tune.yml's failure says the same."""
     met = [r.get("highest_load_met") for r in rows if r.get("highest_load_met") is not None]
     if met:
-        return ("no trial has a full-length level that met the SLO, though loads up to %s did at "
-                "short levels: raise tune_max_levels" % _load(settings, max(met)))
+        return ("no trial ended with a score, though loads up to %s met the SLO (each trial's "
+                "reason says why)" % _load(settings, max(met)))
     if any(r.get("status") in (st.NO_SCORE, st.PRUNED) for r in rows):
         return "no load any trial measured met the SLO"
     if rows and all(r.get("status") == st.FAILED for r in rows):

@@ -410,7 +410,10 @@ class Search:
         ok = self._ok()
         full_ok = [m for m in ok if m.phase == FULL]
         if full_ok:
-            top = max(m.x for m in full_ok if hi is None or m.x < hi)
+            # The highest full-length pass under hi; a non-monotone server can pass at full
+            # length only above the lowest miss: then the score's own load (finish's best).
+            top = max((m.x for m in full_ok if hi is None or m.x < hi),
+                      default=max(full_ok, key=lambda m: m.judgement.score or 0.0).x)
             if hi is None:
                 return self.finish(MAX_LEVELS, "max_levels (%d) measured before a load missed the "
                                    "SLO: every load measured met it, up to %s; the capacity is at "
