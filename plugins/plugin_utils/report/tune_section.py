@@ -97,9 +97,9 @@ def summary_lines(view: TuneView) -> List[str]:
         out = best.outcome or {}
         ci = " +- %.3g" % best.score_ci95 if best.score_ci95 else ""
         if best.lower_bound:
-            capacity = ("a lower bound: its capacity is at least %s, the search ended before a "
-                        "load above it missed the SLO (%s)" % (_load(s, out.get("best_x")),
-                                                                best.reason))
+            capacity = ("a lower bound: its capacity is at least %s, the search ended before it "
+                        "bracketed the capacity within the tolerance (%s)"
+                        % (_load(s, out.get("best_x")), best.reason))
         else:
             capacity = "its capacity lies in [%s, %s)" % (_load(s, out.get("lo")),
                                                           _load(s, out.get("hi")))
@@ -185,7 +185,8 @@ def trials_table(view: TuneView) -> Table:
             _cell(r.get("measured_s"), "%.1f"), r.get("why") or "", r.get("reason") or ""])
     return Table(headers, rows, [
         "score: the objective at the trial's best full-length level that met the SLO (a lower "
-        "bound, marked so, where the search ended before a load above it missed the SLO); "
+        "bound, marked >=, where the search ended before it bracketed the capacity within the "
+        "tolerance); "
         "+-95%: "
         "that level's batch-means half-width of output tok/s, relative, applied to the score; "
         "predicted: what the proposer expected when it chose the trial (the model corrected by "

@@ -113,8 +113,8 @@ def best_document(state: st.TuneState, run_id: str) -> Optional[str]:
         "Objective: %s." % objective.describe(),
         "Measured: %.4g %s%s at %s (trial %s: %s); %s." % (
             best.score, objective.unit, ci, where, best.name, best.key,
-            ("A LOWER BOUND: its capacity is at least %s, the search ended before a load above "
-             "it missed the SLO (%s)" % (where, best.reason)) if best.lower_bound
+            ("A LOWER BOUND: its capacity is at least %s, the search ended before it bracketed "
+             "the capacity within the tolerance (%s)" % (where, best.reason)) if best.lower_bound
             else "its capacity lies in [%s, %s)" % (out.get("lo"), out.get("hi"))),
         "Paste bench_profiles into group_vars, or run it as measured:",
         "  ansible-playbook bench.yml -e @%s/%s/%s" % (run_id, TUNE_DIR, BEST_YML),
