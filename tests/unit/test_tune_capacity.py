@@ -228,11 +228,15 @@ def test_loads_met_only_at_short_levels_are_said_so_not_none():
     the loads that met the SLO and the full-length miss, not 'no load met the SLO'."""
     def measure(step):
         return server(10.0 if step.phase == cap.SHORT else 0.01, saturation=40.0)(step)
-    out = cap.run_search(spec(**dict(DEVICE, maximum=1000)), measure)
+    wide = dict(DEVICE)
+    wide["maximum"] = 1000
+    out = cap.run_search(spec(**wide), measure)
     assert out.status == cap.MAX_LEVELS and out.score is None and not out.lower_bound
     assert "met the SLO at short levels, but no full-length level did" in out.reason
     assert "p99 TTFT" in out.reason
-    none = cap.run_search(spec(**dict(DEVICE, minimum=1.9)), server(0.5))
+    floor = dict(DEVICE)
+    floor["minimum"] = 1.9
+    none = cap.run_search(spec(**floor), server(0.5))
     assert none.status == cap.NONE_PASSED and "not even the minimum" in none.reason
 
 
