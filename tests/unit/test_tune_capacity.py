@@ -271,3 +271,22 @@ def test_resume_replays_a_search_that_ends_on_its_kept_level():
         assert (step.x, step.phase) == (x, phase)
         replay.add(x, phase, measure(step))
     assert replay.next_step() == first.next_step()
+
+
+def test_out_of_levels_names_a_borderline_short_miss_never_every_load_met():
+    """The device's t01 (tests/gpu/tune, H100, 2026-12-06): 16/s and 32/s met the SLO short,
+    48/s missed it short by less than the margin (p99 TTFT 4 % over), the last level met it at
+    full length under 32/s. The miss does not close the bracket, but the outcome must say it was
+    measured: the play had said "every load measured met it"."""
+    search = cap.Search(spec(start=16.0, maximum=48.0, max_levels=4, margin=0.1))
+    for x in (16.0, 32.0):
+        search.add(x, cap.SHORT, server(100.0)(cap.Step(x, cap.SHORT, 2, "")))
+    near = server(100.0)(cap.Step(48.0, cap.SHORT, 2, ""))
+    near["ttft_p99_ms"] = 520.0
+    search.add(48.0, cap.SHORT, near)
+    search.add(28.0, cap.FULL, server(100.0)(cap.Step(28.0, cap.FULL, 10, "")))
+    out = search.next_step()
+    assert isinstance(out, cap.Outcome) and out.status == cap.MAX_LEVELS and out.lower_bound
+    assert "every load measured met it" not in out.reason, out.reason
+    assert "rate=48/s missed it by less than the margin at a short level" in out.reason, out.reason
+    assert "loads up to rate=32/s met it" in out.reason and "at least rate=28/s" in out.reason

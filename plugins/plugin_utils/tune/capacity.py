@@ -415,10 +415,17 @@ class Search:
             top = max((m.x for m in full_ok if hi is None or m.x < hi),
                       default=max(full_ok, key=lambda m: m.judgement.score or 0.0).x)
             if hi is None:
+                # No miss counts, but a borderline short one may have been measured: say so, not
+                # that every load met the SLO.
+                near = [m for m in self.levels if self.borderline(m)]
                 return self.finish(MAX_LEVELS, "max_levels (%d) measured before a load missed the "
-                                   "SLO: every load measured met it, up to %s; the capacity is at "
-                                   "least %s (a lower bound)"
-                                   % (n, self.label(max(m.x for m in ok)), self.label(top)))
+                                   "SLO%s: loads up to %s met it; the capacity is at least %s (a "
+                                   "lower bound)"
+                                   % (n, "".join(
+                                       " (%s missed it by less than the margin at a short level, "
+                                       "%s: not confirmed at full length)"
+                                       % (self.label(m.x), m.judgement.reason) for m in near),
+                                      self.label(max(m.x for m in ok)), self.label(top)))
             return self.finish(MAX_LEVELS, "max_levels (%d) measured before the bracket [%s, %s) "
                                "narrowed to the tolerance: the capacity is at least %s (a lower "
                                "bound)" % (n, self.label(top), self.label(hi), self.label(top)))
