@@ -1,0 +1,106 @@
+"""A request's chunk arrays reduced in bulk, at the level's end. Standard library only.
+
+metrics.py defines each figure once, chunk by chunk: a request's ITL samples (itl_samples) and
+the tokens of its chunks that arrived inside the window, by batch (reduce_requests). At the end of
+a firehose level a client process reduces every request's 2000 chunks, and a Python loop per
+chunk there was most of that end (benchmarks/results/limit-itl-firehose-ab-2026-12-06.md). The
+functions here give the same floats, to the bit, with the work per chunk done in C (map, slices,
+sum, bisect); where they cannot show it is the same (unsorted times, weights that are not whole
+numbers) they run the definition's loop. tests/unit/test_loadgen_chunk_arrays.py compares both
+on random requests.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import compress, islice, repeat
+from operator import gt, le, sub, truediv
+from typing import List, Optional, Sequence, Tuple
+
+# Sums of whole numbers below this are exact in a float whatever their order.
+_EXACT = float(2 ** 53)
+
+
+def itl_series(times: Optional[Sequence[int]], tokens: Optional[Sequence[int]],
+               per_token: bool) -> Tuple[List[float], Optional[List[float]]]:
+    """metrics.itl_samples as (values, weights), weights None where every one is 1.
+
+    per_token (and `tokens` given): a chunk of k > 0 tokens `gap` after the previous one is the
+    value gap / k of weight k (k = 0: none); otherwise each gap is a value float(gap) of weight
+    1 (gap / 1 is float(gap): the same correctly rounded quotient)."""
+    times = times or ()
+    gaps = list(map(sub, islice(times, 1, None), times))
+    counts = (list(islice(tokens, 1, len(times)))
+              if per_token and tokens is not None else None)
+    if counts is None or counts.count(1) == len(counts):
+        return list(map(float, gaps)), None
+    keep = list(map(gt, counts, repeat(0)))
+    counts = list(compress(counts, keep))
+    return list(map(truediv, compress(gaps, keep), counts)), list(map(float, counts))
+
+
+def _whole(values) -> bool:
+    """Every value a float holding a whole number (so sums of them below 2^53 are exact)."""
+    try:
+        return all(map(float.is_integer, values))
+    except TypeError:       # not floats: leave it to the loop
+        return False
+
+
+def add_window_tokens(times: Sequence[int], weights: Sequence[float], ws: int, we: int,
+                      batch_tokens: List[float], total: float) -> float:
+    """The chunks of one request that arrived in [ws, we): their weights added to `total`
+    (returned) and to their batch's entry of `batch_tokens` (nb equal batches of the window), as
+
+        for t, w in zip(times, weights):
+            if ws <= t < we:
+                total += w
+                batch_tokens[min(nb - 1, (t - ws) * nb // span)] += w
+
+    in bulk where that gives the same floats (window_slices), else by that loop."""
+    bulk = window_slices(times, weights, ws, we, batch_tokens, total)
+    if bulk is not None:
+        return bulk
+    nb = len(batch_tokens)
+    span = we - ws
+    for t, w in zip(times, weights):
+        if ws <= t < we:
+            total += w
+            batch_tokens[min(nb - 1, (t - ws) * nb // span)] += w
+    return total
+
+
+def window_slices(times: Sequence[int], weights: Sequence[float], ws: int, we: int,
+                  batch_tokens: List[float], total: float) -> Optional[float]:
+    """add_window_tokens in bulk: with the times in order, the window's chunks are one slice and
+    each batch's a slice within it (found by bisection: a chunk's batch never decreases along
+    sorted times), each summed at once. With whole-number weights and sums (a firehose's: one
+    token a chunk) every sum is exact in any order, so the floats are the loop's. None, with
+    nothing added, where that is not shown (the caller runs the loop)."""
+    nb = len(batch_tokens)
+    n = min(len(times), len(weights))
+    if not nb or not n or not all(map(le, times, islice(times, 1, n))):
+        return None
+    lo = bisect_left(times, ws, 0, n)
+    hi = bisect_left(times, we, lo, n)
+    if lo == hi:
+        return total
+    window = weights[lo:hi]
+    if not (_whole(window) and _whole(batch_tokens) and float(total).is_integer()):
+        return None
+    largest = max(max(window), -min(window))
+    if abs(total) + largest * len(window) + sum(map(abs, batch_tokens)) >= _EXACT:
+        return None
+    span = we - ws
+    start = lo
+    while start < hi:
+        b = min(nb - 1, (times[start] - ws) * nb // span)
+        low, high = start + 1, hi       # bisect for the first chunk of a later batch
+        while low < high:
+            mid = (low + high) // 2
+            if min(nb - 1, (times[mid] - ws) * nb // span) > b:
+                high = mid
+            else:
+                low = mid + 1
+        batch_tokens[b] += sum(weights[start:low])
+        start = low
+    return total + sum(window)

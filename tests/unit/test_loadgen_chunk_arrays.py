@@ -1,0 +1,184 @@
+"""The level's end reduces each request's chunk arrays in bulk (loadgen/chunk_arrays.py, and the
+`itl` text of results/request_itl.py): the same floats and the same text, to the bit, as the
+definitions chunk by chunk (written out here as they were), on random requests - firehose-shaped
+ones (ordered times, one token a chunk: the bulk path) and every shape that must fall back to
+the loop (unordered times, fractional or mixed weights, sums that are not whole)."""
+from __future__ import annotations
+
+import random
+import struct
+from array import array
+
+import pytest
+
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen import chunk_arrays
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
+    RequestTiming, chunk_token_weights, itl_samples, reduce_requests,
+)
+from ansible_collections.servelab.serving.plugins.module_utils.results import request_itl
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
+    ITL_BASIS_CHUNK, ITL_BASIS_TOKEN,
+)
+
+
+def bits(values):
+    """Floats as their IEEE-754 bits (0.0 and -0.0 differ, as 'to the bit' means)."""
+    return [struct.pack("<d", float(v)) for v in values]
+
+
+def window_loop(times, weights, ws, we, batch_tokens, total):
+    """The definition (metrics.reduce_requests before the bulk path), chunk by chunk."""
+    nb = len(batch_tokens)
+    span = we - ws
+    for t, w in zip(times, weights):
+        if ws <= t < we:
+            total += w
+            batch_tokens[min(nb - 1, (t - ws) * nb // span)] += w
+    return total
+
+
+def encode_loop(chunk_times, chunk_tokens=None):
+    """request_itl.encode as it was written first: one item per chunk in a Python loop."""
+    if not chunk_times:
+        return None, None
+    per_token = chunk_tokens is not None and len(chunk_tokens) == len(chunk_times)
+    first = chunk_times[0]
+    items = []
+    previous = 0
+    for i in range(1, len(chunk_times)):
+        at = (chunk_times[i] - first + 500) // 1000
+        gap = at - previous
+        previous = at
+        k = chunk_tokens[i] if per_token else 1
+        items.append(str(gap) if k == 1 else "%dx%d" % (gap, k))
+    return " ".join(items), ITL_BASIS_TOKEN if per_token else ITL_BASIS_CHUNK
+
+
+def firehose_times(rng, n, start=10 ** 12):
+    """Arrival times as a firehose gives them: runs of chunks read at one instant."""
+    times, now = [], start
+    while len(times) < n:
+        times.extend([now] * rng.randrange(1, 24))
+        now += rng.randrange(1, 400_000)
+    return times[:n]
+
+
+def random_request(rng, shape):
+    n = rng.randrange(1, 300)
+    times = firehose_times(rng, n)
+    if shape == "unordered":
+        rng.shuffle(times)
+    elif shape == "array":          # as the spool stores them
+        times = array("q", times)
+    if shape == "fraction":         # completion_tokens not a multiple of the chunks
+        weights = [(n * 3 + 1) / n] * n
+    elif shape == "counts":         # the server's per-chunk counts, 0 included
+        weights = [float(rng.choice((0, 1, 1, 2, 3))) for _t in times]
+    elif shape == "mixed":          # one fractional weight among whole ones
+        weights = [1.0] * n
+        weights[rng.randrange(n)] = 0.25
+    else:
+        weights = [1.0] * n
+    return times, weights
+
+
+SHAPES = ("firehose", "counts", "fraction", "mixed", "unordered", "array")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("seed", range(30))
+def test_window_tokens_are_the_loops_to_the_bit(shape, seed):
+    rng = random.Random(seed * 31 + SHAPES.index(shape))
+    nb = rng.choice((2, 3, 7, 10, 16))
+    batches_a = [0.0] * nb
+    batches_b = [0.0] * nb
+    total_a = total_b = 0.0
+    for _request in range(rng.randrange(1, 12)):
+        times, weights = random_request(rng, shape)
+        lo, hi = min(times), max(times)
+        # Window edges on chunk times, between them, outside them, and a 1 ns window.
+        ws = rng.choice((lo, lo - 5, lo + rng.randrange(0, hi - lo + 1), hi))
+        we = rng.choice((hi, hi + 1, ws + 1, ws + rng.randrange(1, hi - lo + 3)))
+        if we <= ws:
+            we = ws + 1
+        total_a = chunk_arrays.add_window_tokens(times, weights, ws, we, batches_a, total_a)
+        total_b = window_loop(times, weights, ws, we, batches_b, total_b)
+        assert bits([total_a] + batches_a) == bits([total_b] + batches_b)
+
+
+def test_the_bulk_path_is_taken_for_a_firehose_and_refused_where_it_would_differ():
+    rng = random.Random(5)
+    times = firehose_times(rng, 2000)
+    ws, we = times[300], times[1700] + 1
+    batches = [0.0] * 10
+    bulk = chunk_arrays.window_slices(times, [1.0] * 2000, ws, we, batches, 7.0)
+    reference = [0.0] * 10
+    assert bulk == window_loop(times, [1.0] * 2000, ws, we, reference, 7.0)
+    assert bits(batches) == bits(reference) and sum(batches) > 0
+    # Where the sums could round differently (a fractional weight, a total that is not whole,
+    # unordered times) it adds nothing and says so: the caller runs the loop.
+    for weights, total, order in (([0.1] * 2000, 0.0, times), ([1.0] * 2000, 0.5, times),
+                                  ([1.0] * 2000, 0.0, times[::-1])):
+        untouched = [0.0] * 10
+        assert chunk_arrays.window_slices(order, weights, ws, we, untouched, total) is None
+        assert untouched == [0.0] * 10
+
+
+def test_a_fraction_that_is_not_exact_shows_why_the_bulk_path_refuses_it():
+    """0.1 added 3 times is not 0.1 * 3 (nor sum of a slice after a non-zero total): the loop's
+    float is the one kept."""
+    times = [10, 20, 30]
+    batches = [0.0, 0.0]
+    total = chunk_arrays.add_window_tokens(times, [0.1] * 3, 0, 100, batches, 0.7)
+    assert total == ((0.7 + 0.1) + 0.1) + 0.1 and total != 0.7 + 0.1 * 3
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_itl_series_are_the_itl_samples(seed):
+    rng = random.Random(seed)
+    times = firehose_times(rng, rng.randrange(0, 400))
+    for tokens in (None, [1] * len(times), [rng.choice((0, 1, 2, 3)) for _t in times],
+                   [rng.choice((1, 1, 1, 2)) for _t in times]):
+        r = RequestTiming(worker=0, request_id=1, t_send=0, chunk_times=times, chunk_tokens=tokens)
+        for per_token in (True, False):
+            pairs = itl_samples(r, per_token)
+            values, weights = chunk_arrays.itl_series(times, tokens, per_token)
+            assert bits(values) == bits([v for v, _w in pairs])
+            if weights is None:
+                assert all(w == 1.0 for _v, w in pairs)
+            else:
+                assert bits(weights) == bits([w for _v, w in pairs])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_itl_text_is_the_loops(seed):
+    rng = random.Random(seed)
+    times = firehose_times(rng, rng.randrange(0, 400), start=rng.randrange(0, 10 ** 13))
+    if rng.random() < 0.3:      # a real server's gaps: milliseconds, none equal
+        times = [10 ** 9 + i * rng.randrange(4_000_000, 40_000_000) for i in range(len(times))]
+    for tokens in (None, [1] * len(times), [rng.choice((0, 1, 2, 3)) for _t in times],
+                   [1] * (len(times) + 1)):
+        assert request_itl.encode(times, tokens) == encode_loop(times, tokens)
+
+
+def test_the_reduction_keeps_its_figures_with_the_bulk_paths():
+    """reduce_requests over firehose-shaped requests (the bulk paths) gives the floats of the
+    definitions: the window's tokens, each batch's, and every ITL sample."""
+    rng = random.Random(11)
+    requests = []
+    for i in range(40):
+        times = firehose_times(rng, rng.randrange(2, 600), start=10 ** 12 + i * 3_000_000)
+        requests.append(RequestTiming(
+            worker=i % 4, request_id=i, t_send=times[0] - 1000, t_first=times[0],
+            t_last=times[-1], completion_tokens=len(times), tokens_source="server",
+            chunks=len(times), chunk_times=times, in_window=10 <= i < 30))
+    ws, we = requests[10].t_send, requests[30].t_send
+    part = reduce_requests(requests, ws, we, 10, {}, per_token_itl=False)
+    batches = [0.0] * 10
+    total = 0.0
+    for r in requests:
+        total = window_loop(r.chunk_times, chunk_token_weights(r), ws, we, batches, total)
+    assert bits([part.window_output_tokens] + part.batch_tokens) == bits([total] + batches)
+    expected = [v for r in requests if r.in_window for v, _w in itl_samples(r, False)]
+    assert bits(part.itl.values()) == bits(expected)
+    assert list(part.itl.weights()) == [1.0] * len(expected)
