@@ -11,9 +11,10 @@ on random requests.
 """
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from itertools import compress, islice, repeat
-from operator import gt, le, sub, truediv
+from operator import gt, sub, truediv
 from typing import List, Optional, Sequence, Tuple
 
 # Sums of whole numbers below this are exact in a float whatever their order.
@@ -21,7 +22,7 @@ _EXACT = float(2 ** 53)
 
 
 def itl_series(times: Optional[Sequence[int]], tokens: Optional[Sequence[int]],
-               per_token: bool) -> Tuple[List[float], Optional[List[float]]]:
+               per_token: bool) -> Tuple[Sequence[float], Optional[List[float]]]:
     """metrics.itl_samples as (values, weights), weights None where every one is 1.
 
     per_token (and `tokens` given): a chunk of k > 0 tokens `gap` after the previous one is the
@@ -32,7 +33,8 @@ def itl_series(times: Optional[Sequence[int]], tokens: Optional[Sequence[int]],
     counts = (list(islice(tokens, 1, len(times)))
               if per_token and tokens is not None else None)
     if counts is None or counts.count(1) == len(counts):
-        return list(map(float, gaps)), None
+        # array("d", ints) converts each as float() does, in C; Samples.extend copies it whole.
+        return array("d", gaps), None
     keep = list(map(gt, counts, repeat(0)))
     counts = list(compress(counts, keep))
     return list(map(truediv, compress(gaps, keep), counts)), list(map(float, counts))
@@ -78,26 +80,34 @@ def window_slices(times: Sequence[int], weights: Sequence[float], ws: int, we: i
     nothing added, where that is not shown (the caller runs the loop)."""
     nb = len(batch_tokens)
     n = min(len(times), len(weights))
-    if not nb or not n or not all(map(le, times, islice(times, 1, n))):
+    if not nb or not n:
         return None
-    lo = bisect_left(times, ws, 0, n)
-    hi = bisect_left(times, we, lo, n)
+    head = list(islice(times, n))
+    if head != sorted(head):        # sorted() of sorted ints: n int compares, no Python per chunk
+        return None
+    lo = bisect_left(head, ws)
+    hi = bisect_left(head, we, lo)
     if lo == hi:
         return total
     window = weights[lo:hi]
-    if not (_whole(window) and _whole(batch_tokens) and float(total).is_integer()):
+    first = window[0]
+    if window.count(first) == len(window):     # one weight (a firehose's 1.0): no scan of them
+        whole, largest = isinstance(first, float) and first.is_integer(), abs(first)
+    else:
+        whole = _whole(window)
+        largest = max(max(window), -min(window)) if whole else 0.0
+    if not (whole and _whole(batch_tokens) and float(total).is_integer()):
         return None
-    largest = max(max(window), -min(window))
     if abs(total) + largest * len(window) + sum(map(abs, batch_tokens)) >= _EXACT:
         return None
     span = we - ws
     start = lo
     while start < hi:
-        b = min(nb - 1, (times[start] - ws) * nb // span)
+        b = min(nb - 1, (head[start] - ws) * nb // span)
         low, high = start + 1, hi       # bisect for the first chunk of a later batch
         while low < high:
             mid = (low + high) // 2
-            if min(nb - 1, (times[mid] - ws) * nb // span) > b:
+            if min(nb - 1, (head[mid] - ws) * nb // span) > b:
                 high = mid
             else:
                 low = mid + 1
