@@ -1,8 +1,8 @@
 """The level's end reduces each request's chunk arrays in bulk (loadgen/chunk_arrays.py, and the
 `itl` text of results/request_itl.py): the same floats and the same text, to the bit, as the
 definitions chunk by chunk (written out here as they were), on random requests - firehose-shaped
-ones (ordered times, one token a chunk: the bulk path) and every shape that must fall back to
-the loop (unordered times, fractional or mixed weights, sums that are not whole)."""
+ones (ordered times, one token a chunk: slices summed at once), fractional or mixed weights
+(slices added one by one) and unordered times (the loop itself)."""
 from __future__ import annotations
 
 import random
@@ -74,6 +74,8 @@ def random_request(rng, shape):
         weights = [(n * 3 + 1) / n] * n
     elif shape == "counts":         # the server's per-chunk counts, 0 included
         weights = [float(rng.choice((0, 1, 1, 2, 3))) for _t in times]
+    elif shape == "tail" and rng.random() < 0.3:    # cancelled: 1 token over its chunks
+        weights = [1 / n] * n
     elif shape == "mixed":          # one fractional weight among whole ones
         weights = [1.0] * n
         weights[rng.randrange(n)] = 0.25
@@ -82,7 +84,7 @@ def random_request(rng, shape):
     return times, weights
 
 
-SHAPES = ("firehose", "counts", "fraction", "mixed", "unordered", "array")
+SHAPES = ("firehose", "counts", "fraction", "tail", "mixed", "unordered", "array")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -106,31 +108,41 @@ def test_window_tokens_are_the_loops_to_the_bit(shape, seed):
         assert bits([total_a] + batches_a) == bits([total_b] + batches_b)
 
 
-def test_the_bulk_path_is_taken_for_a_firehose_and_refused_where_it_would_differ():
+def test_the_slices_are_taken_for_ordered_times_and_refused_for_unordered_ones():
     rng = random.Random(5)
     times = firehose_times(rng, 2000)
     ws, we = times[300], times[1700] + 1
-    batches = [0.0] * 10
-    bulk = chunk_arrays.window_slices(times, [1.0] * 2000, ws, we, batches, 7.0)
-    reference = [0.0] * 10
-    assert bulk == window_loop(times, [1.0] * 2000, ws, we, reference, 7.0)
-    assert bits(batches) == bits(reference) and sum(batches) > 0
-    # Where the sums could round differently (a fractional weight, a total that is not whole,
-    # unordered times) it adds nothing and says so: the caller runs the loop.
-    for weights, total, order in (([0.1] * 2000, 0.0, times), ([1.0] * 2000, 0.5, times),
-                                  ([1.0] * 2000, 0.0, times[::-1])):
-        untouched = [0.0] * 10
-        assert chunk_arrays.window_slices(order, weights, ws, we, untouched, total) is None
-        assert untouched == [0.0] * 10
+    # Whole weights (summed at once), fractional ones and a total that is not whole (added one
+    # by one, in the loop's order): the slices either way, the loop's floats.
+    for weights, total in (([1.0] * 2000, 7.0), ([3.0] * 1000 + [1.0] * 1000, 0.0),
+                           ([1 / 1229] * 2000, 0.0), ([1.0] * 2000, 0.5)):
+        batches, reference = [0.0] * 10, [0.0] * 10
+        got = chunk_arrays.window_slices(times, weights, ws, we, batches, total)
+        assert got is not None
+        assert bits([got] + batches) == bits(
+            [window_loop(times, weights, ws, we, reference, total)] + reference)
+        assert sum(batches) > 0
+    # Times out of order: nothing added, None (the caller runs the loop).
+    untouched = [0.0] * 10
+    assert chunk_arrays.window_slices(times[::-1], [1.0] * 2000, ws, we, untouched, 0.0) is None
+    assert untouched == [0.0] * 10
 
 
-def test_a_fraction_that_is_not_exact_shows_why_the_bulk_path_refuses_it():
-    """0.1 added 3 times is not 0.1 * 3 (nor sum of a slice after a non-zero total): the loop's
-    float is the one kept."""
-    times = [10, 20, 30]
+def test_what_is_not_exact_is_added_one_by_one_as_the_loop_adds_it():
+    """0.1 added 3 times is not 0.1 * 3 added once; nor are 762 whole tokens added one by one to
+    a count that is not whole (a cancelled request's fraction came before) their sum added once:
+    the loop's float is the one kept."""
     batches = [0.0, 0.0]
-    total = chunk_arrays.add_window_tokens(times, [0.1] * 3, 0, 100, batches, 0.7)
+    total = chunk_arrays.add_window_tokens([10, 20, 30], [0.1] * 3, 0, 100, batches, 0.7)
     assert total == ((0.7 + 0.1) + 0.1) + 0.1 and total != 0.7 + 0.1 * 3
+    start = 0.8375779756625729
+    batches = [start, 0.0]
+    total = chunk_arrays.add_window_tokens(list(range(762)), [1.0] * 762, 0, 2000, batches, start)
+    one_by_one = start
+    for _chunk in range(762):
+        one_by_one += 1.0
+    assert one_by_one != start + 762.0
+    assert bits([total, batches[0]]) == bits([one_by_one, one_by_one])
 
 
 @pytest.mark.parametrize("seed", range(40))

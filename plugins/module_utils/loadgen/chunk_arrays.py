@@ -73,11 +73,13 @@ def add_window_tokens(times: Sequence[int], weights: Sequence[float], ws: int, w
 
 def window_slices(times: Sequence[int], weights: Sequence[float], ws: int, we: int,
                   batch_tokens: List[float], total: float) -> Optional[float]:
-    """add_window_tokens in bulk: with the times in order, the window's chunks are one slice and
-    each batch's a slice within it (found by bisection: a chunk's batch never decreases along
-    sorted times), each summed at once. With whole-number weights and sums (a firehose's: one
-    token a chunk) every sum is exact in any order, so the floats are the loop's. None, with
-    nothing added, where that is not shown (the caller runs the loop)."""
+    """add_window_tokens by slices: with the times in order, the window's chunks are one slice
+    and each batch's a slice within it (found by bisection: a chunk's batch never decreases along
+    sorted times), so every sum receives the loop's weights in the loop's order. Whole-number
+    weights and sums (a firehose's: one token a chunk) are exact in any order and are summed at
+    once; other weights (a request cancelled before its usage came: its total over its chunks)
+    are added one by one, as the loop adds them. None, with nothing added, for times out of
+    order (the caller runs the loop)."""
     nb = len(batch_tokens)
     n = min(len(times), len(weights))
     if not nb or not n:
@@ -96,10 +98,8 @@ def window_slices(times: Sequence[int], weights: Sequence[float], ws: int, we: i
     else:
         whole = _whole(window)
         largest = max(max(window), -min(window)) if whole else 0.0
-    if not (whole and _whole(batch_tokens) and float(total).is_integer()):
-        return None
-    if abs(total) + largest * len(window) + sum(map(abs, batch_tokens)) >= _EXACT:
-        return None
+    whole = (whole and _whole(batch_tokens) and float(total).is_integer()
+             and abs(total) + largest * len(window) + sum(map(abs, batch_tokens)) < _EXACT)
     span = we - ws
     start = lo
     while start < hi:
@@ -111,6 +111,15 @@ def window_slices(times: Sequence[int], weights: Sequence[float], ws: int, we: i
                 high = mid
             else:
                 low = mid + 1
-        batch_tokens[b] += sum(weights[start:low])
+        batch_tokens[b] = _added(batch_tokens[b], weights[start:low], whole)
         start = low
-    return total + sum(window)
+    return _added(total, window, whole)
+
+
+def _added(acc, values, whole: bool):
+    """acc + each of `values` in order: the loop's float, at once where every sum is exact."""
+    if whole:
+        return acc + sum(values)
+    for value in values:
+        acc += value
+    return acc
