@@ -1,8 +1,9 @@
 """The level's end reduces each request's chunk arrays in bulk (loadgen/chunk_arrays.py, and the
 `itl` text of results/request_itl.py): the same floats and the same text, to the bit, as the
 definitions chunk by chunk (written out here as they were), on random requests - firehose-shaped
-ones (ordered times, one token a chunk: slices summed at once), fractional or mixed weights
-(slices added one by one) and unordered times (the loop itself)."""
+ones (one token a chunk: slices summed at once), per-chunk counts, fractional or mixed weights
+(slices added one by one), arrival times out of order (as kernel receive stamps can be), and the
+one case left to the loop itself (differing weights, not whole, over unordered times)."""
 from __future__ import annotations
 
 import random
@@ -66,17 +67,22 @@ def firehose_times(rng, n, start=10 ** 12):
 def random_request(rng, shape):
     n = rng.randrange(1, 300)
     times = firehose_times(rng, n)
-    if shape == "unordered":
-        rng.shuffle(times)
+    if shape.startswith("unordered"):   # a kernel stamp earlier than the previous chunk's
+        for _swap in range(rng.randrange(1, 6)):
+            i = rng.randrange(n)
+            times[i] -= rng.randrange(1, 6_000_000)
+        if rng.random() < 0.2:
+            rng.shuffle(times)
     elif shape == "array":          # as the spool stores them
         times = array("q", times)
-    if shape == "fraction":         # completion_tokens not a multiple of the chunks
+    kind = shape.rsplit("-", 1)[-1]
+    if kind == "fraction":          # completion_tokens not a multiple of the chunks
         weights = [(n * 3 + 1) / n] * n
-    elif shape == "counts":         # the server's per-chunk counts, 0 included
+    elif kind == "counts":          # the server's per-chunk counts, 0 included
         weights = [float(rng.choice((0, 1, 1, 2, 3))) for _t in times]
-    elif shape == "tail" and rng.random() < 0.3:    # cancelled: 1 token over its chunks
+    elif kind == "tail" and rng.random() < 0.3:    # cancelled: 1 token over its chunks
         weights = [1 / n] * n
-    elif shape == "mixed":          # one fractional weight among whole ones
+    elif kind == "mixed":           # one fractional weight among whole ones
         weights = [1.0] * n
         weights[rng.randrange(n)] = 0.25
     else:
@@ -84,7 +90,8 @@ def random_request(rng, shape):
     return times, weights
 
 
-SHAPES = ("firehose", "counts", "fraction", "tail", "mixed", "unordered", "array")
+SHAPES = ("firehose", "counts", "fraction", "tail", "mixed", "array", "unordered",
+          "unordered-counts", "unordered-tail", "unordered-mixed")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -108,23 +115,31 @@ def test_window_tokens_are_the_loops_to_the_bit(shape, seed):
         assert bits([total_a] + batches_a) == bits([total_b] + batches_b)
 
 
-def test_the_slices_are_taken_for_ordered_times_and_refused_for_unordered_ones():
+def test_the_slices_are_taken_unless_the_order_of_inexact_sums_is_unknown():
     rng = random.Random(5)
     times = firehose_times(rng, 2000)
     ws, we = times[300], times[1700] + 1
-    # Whole weights (summed at once), fractional ones and a total that is not whole (added one
-    # by one, in the loop's order): the slices either way, the loop's floats.
-    for weights, total in (([1.0] * 2000, 7.0), ([3.0] * 1000 + [1.0] * 1000, 0.0),
-                           ([1 / 1229] * 2000, 0.0), ([1.0] * 2000, 0.5)):
+    early = list(times)
+    early[900] -= 3_000_000         # one stamp earlier than the chunk before it
+    counts = [float(rng.choice((1, 2, 3))) for _t in times]
+    # Whole weights (summed at once), one weight for all (its count matters, not the order),
+    # fractional ones in order (added one by one in the loop's order), a total that is not
+    # whole: the slices, and the loop's floats.
+    for order, weights, total in ((times, [1.0] * 2000, 7.0), (times, counts, 0.0),
+                                  (early, counts, 0.0), (early, [1 / 1229] * 2000, 0.0),
+                                  (times, [1 / 1229] * 1000 + [0.5] * 1000, 0.0),
+                                  (times[::-1], [1.0] * 2000, 0.5)):
         batches, reference = [0.0] * 10, [0.0] * 10
-        got = chunk_arrays.window_slices(times, weights, ws, we, batches, total)
+        got = chunk_arrays.window_slices(order, weights, ws, we, batches, total)
         assert got is not None
         assert bits([got] + batches) == bits(
-            [window_loop(times, weights, ws, we, reference, total)] + reference)
+            [window_loop(order, weights, ws, we, reference, total)] + reference)
         assert sum(batches) > 0
-    # Times out of order: nothing added, None (the caller runs the loop).
+    # Differing weights that are not whole over unordered times: nothing added, None (the
+    # caller runs the loop).
     untouched = [0.0] * 10
-    assert chunk_arrays.window_slices(times[::-1], [1.0] * 2000, ws, we, untouched, 0.0) is None
+    assert chunk_arrays.window_slices(early, [1 / 1229] * 1000 + [0.5] * 1000, ws, we,
+                                      untouched, 0.0) is None
     assert untouched == [0.0] * 10
 
 

@@ -73,47 +73,59 @@ def add_window_tokens(times: Sequence[int], weights: Sequence[float], ws: int, w
 
 def window_slices(times: Sequence[int], weights: Sequence[float], ws: int, we: int,
                   batch_tokens: List[float], total: float) -> Optional[float]:
-    """add_window_tokens by slices: with the times in order, the window's chunks are one slice
-    and each batch's a slice within it (found by bisection: a chunk's batch never decreases along
-    sorted times), so every sum receives the loop's weights in the loop's order. Whole-number
-    weights and sums (a firehose's: one token a chunk) are exact in any order and are summed at
-    once; other weights (a request cancelled before its usage came: its total over its chunks)
-    are added one by one, as the loop adds them. None, with nothing added, for times out of
-    order (the caller runs the loop)."""
+    """add_window_tokens by slices: over the times sorted, the window's chunks are one slice and
+    each batch's a slice within it (found by bisection: a chunk's batch never decreases along
+    sorted times). Every sum gets the loop's float:
+
+    - whole-number weights and sums (a firehose's: one token a chunk) are exact in any order, so
+      each slice is summed at once;
+    - one weight for every chunk (no per-chunk counts: the request's tokens spread evenly) adds
+      the same value as many times whatever the order of the chunks, one by one where the sums
+      are not whole (a request cancelled before its usage came: 1 token over its chunks);
+    - other weights are added one by one in the loop's order, which needs the times in order.
+
+    Arrival times need not be in order (a kernel receive stamp can be earlier than the previous
+    chunk's). None, with nothing added, for differing weights that are not whole over unordered
+    times (the caller runs the loop)."""
     nb = len(batch_tokens)
     n = min(len(times), len(weights))
     if not nb or not n:
         return None
     head = list(islice(times, n))
-    if head != sorted(head):        # sorted() of sorted ints: n int compares, no Python per chunk
-        return None
-    lo = bisect_left(head, ws)
-    hi = bisect_left(head, we, lo)
-    if lo == hi:
-        return total
-    window = weights[lo:hi]
-    first = window[0]
-    if window.count(first) == len(window):     # one weight (a firehose's 1.0): no scan of them
+    values = list(islice(weights, n))
+    order = sorted(head)            # sorting sorted ints: n int compares, no Python per chunk
+    first = values[0]
+    uniform = values.count(first) == n      # a firehose's [1.0] * n: no scan of the weights
+    if uniform:
         whole, largest = isinstance(first, float) and first.is_integer(), abs(first)
     else:
-        whole = _whole(window)
-        largest = max(max(window), -min(window)) if whole else 0.0
+        whole = _whole(values)
+        largest = max(max(values), -min(values)) if whole else 0.0
     whole = (whole and _whole(batch_tokens) and float(total).is_integer()
-             and abs(total) + largest * len(window) + sum(map(abs, batch_tokens)) < _EXACT)
+             and abs(total) + largest * n + sum(map(abs, batch_tokens)) < _EXACT)
+    if order != head and not uniform:
+        if not whole:
+            return None
+        pairs = sorted(zip(head, values))       # each sum exact: any order of the weights
+        order, values = [t for t, _w in pairs], [w for _t, w in pairs]
+    lo = bisect_left(order, ws)
+    hi = bisect_left(order, we, lo)
+    if lo == hi:
+        return total
     span = we - ws
     start = lo
     while start < hi:
-        b = min(nb - 1, (head[start] - ws) * nb // span)
+        b = min(nb - 1, (order[start] - ws) * nb // span)
         low, high = start + 1, hi       # bisect for the first chunk of a later batch
         while low < high:
             mid = (low + high) // 2
-            if min(nb - 1, (head[mid] - ws) * nb // span) > b:
+            if min(nb - 1, (order[mid] - ws) * nb // span) > b:
                 high = mid
             else:
                 low = mid + 1
-        batch_tokens[b] = _added(batch_tokens[b], weights[start:low], whole)
+        batch_tokens[b] = _added(batch_tokens[b], values[start:low], whole)
         start = low
-    return _added(total, window, whole)
+    return _added(total, values[lo:hi], whole)
 
 
 def _added(acc, values, whole: bool):
