@@ -84,7 +84,7 @@ lint: setup $(LINT_STAMP)
 
 # Generated documentation: each generator in tools/docgen/ rewrites the section it owns (between
 # its markers) from the code; tests/unit/test_docs_generated.py fails while one is stale.
-DOCGEN := tools/docgen/bench_variables.py
+DOCGEN := tools/docgen/bench_variables.py tools/docgen/tune_variables.py
 docs: setup docs-plugins
 	@for gen in $(DOCGEN); do echo "make docs: $$gen"; python $$gen || exit 1; done
 

@@ -104,7 +104,8 @@ class ActionModule(ActionBase):
                                    module_args={"workloads": check.get("workloads") or [],
                                                 "servers": check.get("servers") or [],
                                                 "executables": check.get("executables") or [],
-                                                "ports": check.get("ports") or []})
+                                                "ports": check.get("ports") or [],
+                                                "help_flags": check.get("help_flags") or []})
         problems = [pf.Problem(str(p.get("variable")), str(p.get("message")),
                                str(p.get("where") or ""), tuple(p.get("hosts") or ()))
                     for p in res.get("problems") or ()]
@@ -137,9 +138,11 @@ class ActionModule(ActionBase):
             if problems:
                 return self._fail(result, problems, host)
             result.update(problems=[], msg="bench preflight on %s: %d workload(s), %d server "
-                                           "profile(s), %d program(s), %d port(s) checked"
+                                           "profile(s), %d program(s), %d port(s), %d command "
+                                           "flag set(s) checked"
                                            % (host, len(args["workloads"]), len(args["servers"]),
-                                              len(args["executables"]), len(args["ports"])))
+                                              len(args["executables"]), len(args["ports"]),
+                                              len(args["help_flags"])))
             return result
 
         hostvars = task_vars.get("hostvars")
@@ -153,6 +156,10 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("bench_preflight: no options in %s" % pf.ROLE_SPEC_FILE)
         inventory_hosts = [str(h) for h in hostvars]
         inputs = [self._host_input(str(h), hostvars, defaults, task_vars) for h in args["hosts"]]
+        if args.get("profiles") is not None:
+            # tune.yml: its trial profiles are checked in place of the hosts' bench_profiles.
+            for inp in inputs:
+                inp.values["bench_profiles"] = pf.plain(args["profiles"])
         connections = {}
 
         def connection_of(name):

@@ -53,6 +53,9 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.run_record import
 from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import (
     RepeatsError, check_repeats, part_key, sweep_order,
 )
+from ansible_collections.servelab.serving.plugins.plugin_utils.tune.search_plan import (
+    FixedPlan, SearchPlan, SearchPlanError,
+)
 
 display = Display()
 EXTERNAL_ENGINE = "external"    # the engine of an endpoint servelab did not start (bench role)
@@ -116,12 +119,15 @@ class ActionModule(ActionBase):
         module_args = {k: v for k, v in args.items() if k not in ACTION_ONLY_OPTIONS}
         # Every option is checked here, before the first level sends anything; a workload file
         # is read and checked where it is, on the bench client, by the module's first call.
+        search = args.get("capacity_search")
         try:
+            if search:
+                plan = SearchPlan.build(search, module_args, args.get("repeats", 1))
+                module_args = plan.module_args
             configs, _workload = level_configs(module_args, read_workload=False)
-        except BenchOptionsError as exc:
-            raise AnsibleActionFail("llm_bench: %s" % exc) from None
-        try:
             repeats = check_repeats(args.get("repeats", 1))
+        except (BenchOptionsError, SearchPlanError) as exc:
+            raise AnsibleActionFail("llm_bench: %s" % exc) from None
         except RepeatsError as exc:
             raise AnsibleActionFail("llm_bench: %s" % exc) from None
         run_dir = self._results_dir(args, task_vars)
@@ -143,8 +149,9 @@ class ActionModule(ActionBase):
 
         levels, warnings = [], []
         rate_mode = module_args.get("load_mode") == "rate"
-        # Every level `repeats` times, in rounds (plugin_utils/sweep_plan.py says why).
-        plan = sweep_order(configs, repeats, rate_mode)
+        if not search:
+            # Every level `repeats` times, in rounds (plugin_utils/sweep_plan.py says why).
+            plan = FixedPlan(sweep_order(configs, repeats, rate_mode))
         result.update(changed=False, levels=levels, results_dir=run_dir, warnings_text=warnings)
         # The Parquet files this task wrote (run_exports.py), on every way out of the sweep.
         result["exports"] = exports = []
@@ -161,8 +168,9 @@ class ActionModule(ActionBase):
         sweep_started, own_walls = time.time(), []   # for the progress line only
         for step in plan:
             # One measurement per module call: each but the sweep's last drains the server after
-            # it. Repeat r sends with seed + r - 1: its own prompt order and arrivals.
-            level_args = dict(module_args, drain_after=step.position < len(plan) - 1,
+            # it (a capacity search does not know its last: it drains after each). Repeat r
+            # sends with seed + r - 1: its own prompt order and arrivals.
+            level_args = dict(module_args, drain_after=plan.drains_after(step),
                               repeat=step.repeat, **step.step)
             level_args["seed"] = int(module_args.get("seed", 1)) + step.repeat - 1
             label = step.where
@@ -184,17 +192,20 @@ class ActionModule(ActionBase):
                                     % (where, os.path.relpath(path, run_dir)))
                     levels.append(row)
                     kept.append(label)
+                    plan.record(step, [row])
                     continue
                 display.display("llm_bench %s: measured earlier%s, measuring it again%s" % (
                     where, " but failed (%s)" % verdict.reason if verdict.failed else "",
                     " (remeasure)" if policy == REMEASURE else ""))
             display.display("llm_bench %s: %s" % (args["host_label"], self._progress_line(
-                run_dir, parts_dir, args, step, len(configs), len(plan), own_walls,
-                sweep_started)))
+                run_dir, parts_dir, args, step, plan.level_count(len(configs)), plan.count,
+                own_walls, sweep_started)))
+            if plan.why(step):
+                display.display("llm_bench %s: %s" % (where, plan.why(step)))
             level_started = time.monotonic()
             display.display("llm_bench %s/%s %s: running (window %ss) on %s" % (
                 args["host_label"], args.get("profile", "default"), label,
-                args.get("level_seconds", 30), task_vars.get("inventory_hostname")))
+                level_args.get("level_seconds", 30), task_vars.get("inventory_hostname")))
             # Named before it runs, so an interrupted run can say which level it lost; a worker
             # ended by the interrupt never gets to remove it.
             mark_in_flight(run_dir, args["host_label"], args.get("profile", "default"), label,
@@ -221,6 +232,7 @@ class ActionModule(ActionBase):
             finally:
                 clear_in_flight(run_dir, args["host_label"])
             own_walls.append(time.monotonic() - level_started)
+            plan.record(step, rows)
             for row in rows:
                 levels.append(row)
                 result["changed"] = True
@@ -242,14 +254,34 @@ class ActionModule(ActionBase):
                 msg = ("llm_bench %s/%s: %s. The sweep for this profile stopped; %d finished "
                        "level(s) are in %s" % (args["host_label"], args.get("profile", "default"),
                                                failure, len(levels), run_dir))
-                if stop_on_failure or res.get("failed"):
+                if stop_on_failure or res.get("failed") or search:
+                    self._search_outcome(plan, run_dir, args, result, failure)
                     result.update(failed=True, msg=msg)
                     return result
                 warnings.append(msg)
+        if self._search_outcome(plan, run_dir, args, result):
+            return result
         result["msg"] = "%d level(s) written to %s" % (len(levels) - len(kept), run_dir) + (
             " (%d level(s) x %d repeats)" % (len(configs), repeats) if repeats > 1 else "") + (
             ", %d kept from earlier in the run (%s)" % (len(kept), ", ".join(kept)) if kept else "")
         return result
+
+    @staticmethod
+    def _search_outcome(plan, run_dir: str, args: dict, result: dict, failure: str = "") -> bool:
+        """A capacity search's outcome: written to <run_dir>/capacity/<host>__<profile>.json
+        (the tuner and the report read it) and returned as `capacity`, with the task's msg.
+        False for a fixed sweep."""
+        outcome = plan.outcome(failure)
+        if outcome is None:
+            return False
+        path = plan.write_outcome(run_dir, args["host_label"], args.get("profile", "default"),
+                                  outcome)
+        result["capacity"] = outcome
+        result["msg"] = "capacity search %s: %s (%d level(s); %s)" % (
+            outcome["status"], outcome["reason"], outcome["levels"], path)
+        display.display("llm_bench %s/%s: %s" % (args["host_label"],
+                                                 args.get("profile", "default"), result["msg"]))
+        return True
 
     @staticmethod
     def _external(run_dir: str, args: dict) -> bool:

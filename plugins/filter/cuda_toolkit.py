@@ -241,14 +241,15 @@ def rollback_restored(toolkit, previous, after, removed=None, reinstalled=None) 
 
 
 def rollback_report(toolkit, previous, failure, after, removed=None, reinstalled=None, host="the host",
-                    link="/usr/local/cuda", state_file="") -> str:
+                    link="/usr/local/cuda", state_file="", others=None) -> str:
     """The message the play fails with after a rollback: what failed, what was put back, and
     whether the host is as it was (the previous selection back, the package as it was).
 
     previous: the state recorded in preflight (selected_path, package_version; `recorded` when it
     was read from the rollback state file an interrupted run wrote); after: gpu_facts after the
     rollback; removed / reinstalled: the registered apt results (None or skipped when the step did
-    not run); state_file: where that state is kept until the host is back or converged.
+    not run); state_file: where that state is kept until the host is back or converged; others: what
+    the rollbacks of the stack's other parts did, first ({text, restored}: role sglang's venv).
     """
     after = after or {}
     was = previous.get("selected_path") or ""
@@ -257,17 +258,20 @@ def rollback_report(toolkit, previous, failure, after, removed=None, reinstalled
     selection = "%s -> %s (nvcc release %s%s)" % (
         link, now or "nothing", after.get("nvcc_release") or "none",
         ", as before" if selection_ok else ", NOT what was selected before: %s" % (was or "nothing"))
+    others = [o for o in others or [] if isinstance(o, dict) and o.get("text")]
+    others_ok = all(bool(o.get("restored")) for o in others)
     recorded = previous.get("recorded") or ""
     before = (" before the interrupted run of %s" % recorded) if recorded else " before this run"
-    if selection_ok and package_ok:
+    if selection_ok and package_ok and others_ok:
         verdict = "The host is as it was%s." % before
     else:
         verdict = "The host is NOT as it was%s: check it by hand%s." % (
             before, ("; the state to restore stays in %s, so the next run puts it back" % state_file)
             if state_file else "")
-    return ("CUDA %s on %s failed, so the previous toolkit was put back. Failed: %s. Rollback: %s; %s. %s "
+    steps = [str(o["text"]).strip().rstrip(".") for o in others] + [selection, package]
+    return ("CUDA %s on %s failed, so the previous toolkit was put back. Failed: %s. Rollback: %s. %s "
             "Fix the cause and run again." % (toolkit["version"], host, str(failure).strip().rstrip("."),
-                                              selection, package, verdict))
+                                              "; ".join(steps), verdict))
 
 
 def _stack_row(facts) -> dict:

@@ -20,8 +20,11 @@ nothing writes a file.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
+import subprocess
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Sequence, Set, Tuple
 
@@ -170,11 +173,65 @@ def check_port(item: Mapping) -> List[TargetProblem]:
                                         who, variable))]
 
 
+HELP_TIMEOUT = 180.0
+_HELP_FLAG = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def help_flags(argv: Sequence[str], timeout: float = HELP_TIMEOUT) -> Tuple[Set[str], str]:
+    """The flags `argv --help` prints (its own argument definitions, whatever parser it uses:
+    argparse, click, typer's boxes), and what went wrong ('' when it printed some)."""
+    cmd = []
+    for arg in argv:
+        if "{" in arg:
+            # a placeholder ({model}, {port}) is left out, and the option it is the value of
+            if cmd and cmd[-1].startswith("-") and "=" not in cmd[-1]:
+                cmd.pop()
+            continue
+        cmd.append(arg)
+    cmd.append("--help")
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return set(), "%s could not run: %s" % (" ".join(cmd), exc)
+    text = _ANSI.sub("", (done.stdout or "") + "\n" + (done.stderr or ""))
+    found = set(_HELP_FLAG.findall(text))
+    if not found:
+        tail = " ".join(text.strip().splitlines()[-3:])[:300]
+        return set(), "%s printed no flags (exit %s): %s" % (" ".join(cmd), done.returncode, tail)
+    return found, ""
+
+
+def check_help_flags(item: Mapping) -> List[TargetProblem]:
+    """Every flag of item['flags'] is one the command knows: its own --help lists it (a
+    boolean flag --x also as --no-x)."""
+    variable = str(item.get("variable") or "tune_space")
+    known, error = help_flags([str(a) for a in item.get("argv") or []])
+    if error:
+        return [_problem(item, variable, "%s: cannot check the flags against the command's own "
+                                         "definitions: %s" % (variable, error))]
+    missing = [f for f in item.get("flags") or () if str(f) not in known]
+    if not missing:
+        return []
+    out = []
+    for flag in missing:
+        near = difflib.get_close_matches(str(flag), sorted(known), n=1)
+        out.append(_problem(item, variable, "%s: %s is not a flag of the command (its --help "
+                                            "lists no such option)%s" % (
+                                                variable, flag,
+                                                "; did you mean %s?" % near[0] if near else "")))
+    return out
+
+
 def run_checks(workloads: Sequence[Mapping], servers: Sequence[Mapping],
                executables: Sequence[Mapping] = (),
-               ports_needed: Sequence[Mapping] = ()) -> List[TargetProblem]:
+               ports_needed: Sequence[Mapping] = (),
+               help_checks: Sequence[Mapping] = ()) -> List[TargetProblem]:
     """Every problem, not the first: the user fixes them all in one go."""
     problems: List[TargetProblem] = []
+    for item in help_checks or ():
+        problems += check_help_flags(item)
     for item in ports_needed or ():
         problems += check_port(item)
     for item in workloads or ():

@@ -74,6 +74,24 @@ options:
     type: list
     elements: dict
     default: []
+  profiles:
+    description:
+      - Controller mode, action only. Check these profiles instead of each host's
+        C(bench_profiles) - tune.yml passes its trial profiles with every searched flag set
+        (C(servelab.serving.tune) RV(servelab.serving.tune#module:probe_profiles)), so the flags
+        are rendered and checked as C(bench_profiles) would be.
+    type: list
+    elements: dict
+  help_flags:
+    description:
+      - Target mode, on a GPU server. Items C({variable, hosts, where, argv, flags}); C(argv)
+        (a command engine's command line) is run with C(--help) appended, and every flag of
+        C(flags) must appear in what it prints - the command's own argument definitions, as the
+        release's C(server_args.py) is SGLang's. Placeholders (C({model}), C({host}), ...) are
+        left out of C(argv).
+    type: list
+    elements: dict
+    default: []
   results_root:
     description:
       - Controller mode, action only. The controller directory the run directories go under
@@ -154,6 +172,8 @@ ARGUMENT_SPEC = dict(
     servers=dict(type="list", elements="dict", default=[]),
     executables=dict(type="list", elements="dict", default=[]),
     ports=dict(type="list", elements="dict", default=[]),
+    help_flags=dict(type="list", elements="dict", default=[]),
+    profiles=dict(type="list", elements="dict"),
     results_root=dict(type="str"),
 )
 
@@ -166,10 +186,13 @@ def main():
     problems = [p.as_dict() for p in run_checks(module.params["workloads"],
                                                 module.params["servers"],
                                                 module.params["executables"],
-                                                module.params["ports"])]
-    checked = "%d workload(s), %d server profile(s), %d program(s), %d port(s) checked" % (
-        len(module.params["workloads"]), len(module.params["servers"]),
-        len(module.params["executables"]), len(module.params["ports"]))
+                                                module.params["ports"],
+                                                module.params["help_flags"])]
+    checked = ("%d workload(s), %d server profile(s), %d program(s), %d port(s), %d command "
+               "flag set(s) checked" % (
+                   len(module.params["workloads"]), len(module.params["servers"]),
+                   len(module.params["executables"]), len(module.params["ports"]),
+                   len(module.params["help_flags"])))
     if problems:
         module.fail_json(msg="\n".join(p["message"] for p in problems), problems=problems)
     module.exit_json(changed=False, problems=[], msg=checked)

@@ -282,7 +282,17 @@ notes:
     C(profile_count) (where this sweep stands in the run: profile i of n, for the progress line),
     C(repeats) (default 1: how many times each level is measured, see below), C(settings) (a
     dict of these options, under the ones the task gives itself: the bench role passes
-    C(lookup('servelab.serving.llm_bench_args')), its variables' options built once)."
+    C(lookup('servelab.serving.llm_bench_args')), its variables' options built once),
+    C(capacity_search) (see below)."
+  - "C(capacity_search) (a dict; the bench role's C(bench_capacity_search), tune.yml sets it per
+    trial) replaces the listed levels by a search for the highest load that meets an SLO: each
+    level chosen from the last by bracketing and bisection over the request rate (C(axis=rate),
+    open loop, O(concurrency) one value, the cap in flight) or the concurrency, short levels
+    (C(short_seconds)) while the bracket is wide, full ones (C(full_seconds)) to finish; no load is
+    measured twice, a resumed sweep replays its kept levels, a search that cannot beat C(beat)
+    stops early. Its outcome (status, bracket C(lo)/C(hi), C(score), the levels) is returned as
+    C(capacity) and written to C(capacity/<host>__<profile>.json) in the run directory
+    (docs/tune.md; the rule: plugins/plugin_utils/tune/capacity.py)."
   - "C(repeats: N) measures every level N times, in rounds: every level once (repeat 1), then
     every level again (repeat 2), and so on; each repeat is a whole level (warm-up, window,
     tail, and the drain before the next), sent with seed + repeat - 1, and written as its own
@@ -364,6 +374,14 @@ exports:
   type: list
   elements: str
   sample: [levels.parquet, requests.parquet]
+capacity:
+  description:
+    - The capacity search's outcome (the action, with C(capacity_search)) - C(status) (found,
+      pruned, none_passed, at_maximum, max_levels, failed), C(reason), C(score) and its
+      C(score_ci95), C(best_x) (the load of the score), the bracket C(lo)/C(hi), C(bound), the
+      level counts and C(levels_measured); also written to C(capacity/<host>__<profile>.json).
+  returned: with capacity_search (the action)
+  type: dict
 results_dir:
   description: Where the level files were written on the bench client (when results_dir).
   returned: when results_dir

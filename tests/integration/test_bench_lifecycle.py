@@ -29,6 +29,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
 from ansible_collections.servelab.serving.plugins.module_utils.run import lock
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
+from ansible_collections.servelab.serving.plugins.module_utils.server import ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -44,12 +45,11 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    """Nothing listens on `port`. Not a plain bind: a connection of the killed server left in
+    TIME_WAIT, or another test's client that the kernel gave this number as its ephemeral port,
+    makes a bind without SO_REUSEADDR fail while no process holds the port (seen on a loaded CI
+    machine); a server binds with SO_REUSEADDR, so only a listener stops the next run."""
+    return not ports.is_listening(port)
 
 
 def processes_with(mark: str) -> list:

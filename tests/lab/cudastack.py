@@ -6,6 +6,7 @@ Every helper works on container 129 unless given another `vmid` (Lab.add_contain
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from aptrepo import PUBLIC_KEY_NAME, SigningKey, ToolkitSpec, build_cuda_repo
 from pypirepo import StackVersions, build_stack_indexes
@@ -38,12 +39,14 @@ echo "/var/lib/apt/lists $(find /var/lib/apt/lists -maxdepth 1 -type f ! -name l
 """
 
 RESET = r"""
+dpkg --configure -a >/dev/null 2>&1 || true
 dpkg --purge cuda-toolkit-13-0 cuda-toolkit-12-8 cuda-keyring >/dev/null 2>&1 || true
 for name in cuda cuda-12 cuda-13; do update-alternatives --remove-all $name >/dev/null 2>&1 || true; done
 rm -rf /usr/local/cuda-12.8 /usr/local/cuda-13.0 /opt/sglang /etc/apt/keyrings/servelab-cuda.* \
   /etc/apt/sources.list.d/servelab-cuda.sources /etc/apt/sources.list.d/cuda-*.list \
   /etc/profile.d/servelab-cuda.sh /etc/ansible/facts.d/servelab_cuda.fact /etc/ansible/facts.d/servelab_sglang.fact \
-  /etc/systemd/system.conf.d/servelab-cuda.conf /var/lib/servelab/cuda_toolkit-rollback.json
+  /etc/systemd/system.conf.d/servelab-cuda.conf /var/lib/servelab/cuda_toolkit-rollback.json \
+  /var/lib/servelab/sglang-rollback.json
 """
 
 
@@ -55,6 +58,7 @@ class Repos:
     broken: str          # cuda-keyring, 12.8.1, 13.0.0, 13.0.1 whose nvcc cannot start
     pypi: str            # root of torch/cuXY/, kernel/cuXY/, kernel-wrong/cuXY/, pypi/simple/, flashinfer/cuXY/
     key_name: str = PUBLIC_KEY_NAME
+    pypi_dir: Path | None = None     # the directory served at `pypi` (a test may serve it again its own way)
 
     def role_vars(self, lab, repo: str | None = None, **extra) -> dict:
         repo = repo or self.cuda
@@ -154,4 +158,4 @@ def build_repos(lab, tmp) -> Repos:
         build_cuda_repo(broken_dir, key, urls[broken_dir],
                         [ToolkitSpec("12.8.1"), ToolkitSpec("13.0.0"), ToolkitSpec("13.0.1", broken=True)])
     build_stack_indexes(pypi_dir, VERSIONS, cuda_releases=("12.8", "13.0"))
-    return Repos(cuda=urls[cuda_dir], broken=urls[broken_dir], pypi=urls[pypi_dir])
+    return Repos(cuda=urls[cuda_dir], broken=urls[broken_dir], pypi=urls[pypi_dir], pypi_dir=pypi_dir)

@@ -316,12 +316,21 @@ def test_a_flashinfer_off_sglangs_own_pin_stops_in_preflight(lab, repos):
 
 
 def test_kernel_wheel_of_the_wrong_cuda_build_stops_verify(lab, repos):
-    """A kernel wheel labelled +cu130 whose library links the CUDA 12 runtime: verify names it."""
+    """A kernel wheel labelled +cu130 whose library links the CUDA 12 runtime: verify names it. The venv was built
+    beside the one in use, which stays as it was, and the toolkit goes back with it (issue 29, fault 2: role
+    sglang's failure used to leave 13.0 selected)."""
     field_state(lab, repos.cuda, pypi=repos.pypi)
+    inode = ct(lab, "stat -c %%i %s" % VENV).stdout.strip()
     run = lab.run_playbook(STACK, extravars=repos.role_vars(
         lab, sglang_kernel_index_url=repos.pypi + "kernel-wrong/cu130/"))
     assert run.rc != 0
     message = failure_messages(run)
     assert ("sglang-kernel %s+cu130 links libcudart.so.12 (CUDA 12), expected CUDA 13: a wheel of another CUDA build"
             % VERSIONS.kernel) in message, message
-    assert "SGLang stack in %s on %s" % (VENV, CT) in message
+    assert re.search(r"SGLang stack in /opt/sglang/venvs/sglang-%s-cu130-[0-9a-f]{10} on %s: " % (re.escape(VERSIONS.sglang), CT),
+                     message), message
+    assert "It was built beside %s, which servers run and which was not touched" % VENV in message
+    assert "the SGLang venv %s not touched: the venv directory (torch %s+cu128), as before" % (VENV, VERSIONS.torch) in message
+    assert "The host is as it was before this run." in message
+    assert selected(lab) == "/usr/local/cuda-12.8" and "cuda-toolkit-13-0" not in installed(lab)
+    assert ct(lab, "stat -c %%i %s; ls -A /opt/sglang/venvs" % VENV).stdout.split() == [inode]

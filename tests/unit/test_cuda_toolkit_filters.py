@@ -216,6 +216,19 @@ def test_rollback_report_of_a_state_recorded_by_an_interrupted_run():
             "stays in /var/lib/servelab/cuda_toolkit-rollback.json, so the next run puts it back") in report
 
 
+def test_rollback_report_of_the_whole_stack_puts_the_other_roles_first_and_needs_them_back():
+    after = {"cuda_selected_path": "/usr/local/cuda-12.8", "nvcc_release": "12.8"}
+    venv = {"restored": True, "text": "the SGLang venv /opt/sglang/venv put back: the venv directory, as before"}
+    report = filters.rollback_report(T13, PREVIOUS, FAILURE, after, {"changed": True}, None, "ct129", others=[venv])
+    assert ("Rollback: the SGLang venv /opt/sglang/venv put back: the venv directory, as before; /usr/local/cuda -> "
+            "/usr/local/cuda-12.8 (nvcc release 12.8, as before); cuda-toolkit-13-0 removed") in report
+    assert "The host is as it was before this run." in report
+    # The toolkit is back but the venv is not: not "as it was".
+    stuck = {"restored": False, "text": "the SGLang venv /opt/sglang/venv could NOT be put back (x): it is absent"}
+    report = filters.rollback_report(T13, PREVIOUS, FAILURE, after, {"changed": True}, None, "ct129", others=[stuck])
+    assert "could NOT be put back" in report and "The host is NOT as it was before this run: check it by hand" in report
+
+
 def test_systemd_drop_in_gives_every_service_the_toolkit_environment():
     """templates/servelab-cuda-systemd.conf.j2: the manager's DefaultEnvironment, one quoted assignment each."""
     from pathlib import Path

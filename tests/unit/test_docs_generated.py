@@ -11,7 +11,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
-from docgen import bench_variables  # noqa: E402
+from docgen import bench_variables, tune_variables  # noqa: E402
 from docgen.markers import MarkerError, replace_section  # noqa: E402
 
 
@@ -20,6 +20,15 @@ def test_the_readme_bench_variables_table_is_the_specs():
         text = fh.read()
     assert replace_section(text, bench_variables.NAME, bench_variables.table()) == text, (
         "README.md's bench variables table is stale: run `make docs`")
+
+
+def test_the_tune_variables_table_is_the_tune_roles_spec():
+    with open(tune_variables.DOC, encoding="utf-8") as fh:
+        text = fh.read()
+    assert replace_section(text, tune_variables.NAME, tune_variables.table()) == text, (
+        "docs/tune.md's tune variables table is stale: run `make docs`")
+    for name in tune_variables.tune_spec():
+        assert "| `%s` |" % name in tune_variables.table(), name
 
 
 def test_every_declared_option_has_a_row():

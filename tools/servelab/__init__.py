@@ -5,6 +5,9 @@
     run.results_dir                       # results/<run_id>/ (levels.csv, report.html, ...)
     servelab.report(run.results_dir, compare_to="results/<older run_id>").table
     servelab.upgrade_cuda("inventory/<yours>")
+    tune = servelab.run_tune(extravars={"tune_space": {"max_running_requests": [16, 64, 256]},
+                                        "bench_slo": {"ttft_ms": 500}})
+    tune.results_dir                      # results/<run_id>/ (tune/best.yml, tune/trials.csv)
 
 run_bench and upgrade_cuda raise BenchError(host, task, message) when the play fails; report needs
 no Ansible (pandas and matplotlib), and raises ReportError. `servelab --help` is the same as a CLI.
@@ -17,7 +20,8 @@ from typing import Any, Callable, Optional
 from ._runner import BenchError, RunResult
 
 # servelab.ReportError (the report's own exception) is loaded on first use: see __getattr__.
-__all__ = ["BenchError", "RunResult", "report", "run_bench", "upgrade_cuda", "collection_root"]
+__all__ = ["BenchError", "RunResult", "report", "run_bench", "run_tune", "upgrade_cuda",
+           "collection_root"]
 
 
 def collection_root() -> str:
@@ -51,6 +55,14 @@ def run_bench(inventory: Optional[str] = None, extravars: Optional[dict] = None,
     limit, verbosity: ansible-playbook's --limit and -v count. cancel_callback: returns True to
     stop the run (the interrupted run is cleaned up as on Ctrl-C). Raises BenchError naming the
     first failed host and task (a bad variable fails the preflight before anything runs)."""
+    return _run_bench_like("bench.yml", inventory, extravars, results_root, on_event, limit,
+                           verbosity, envvars=envvars, cancel_callback=cancel_callback,
+                           timeout=timeout, check=check)
+
+
+def _run_bench_like(playbook, inventory, extravars, results_root, on_event, limit, verbosity, *,
+                    envvars, cancel_callback, timeout, check) -> RunResult:
+    """bench.yml or tune.yml: a run with a results directory."""
     from . import _paths
     from ._runner import run_playbook
 
@@ -63,7 +75,7 @@ def run_bench(inventory: Optional[str] = None, extravars: Optional[dict] = None,
     if inventory is None and not coll.checkout and "bench_state_dir" not in extravars:
         # inventory/local keeps its servers' state beside results/: not in site-packages.
         extravars["bench_state_dir"] = os.path.join(root, ".servers")
-    result = run_playbook("bench.yml", inventory=inventory, extravars=extravars,
+    result = run_playbook(playbook, inventory=inventory, extravars=extravars,
                           on_event=on_event, limit=limit, verbosity=verbosity, envvars=env,
                           cancel_callback=cancel_callback, timeout=timeout, check=check)
     if result.results_dir is None and not check:
@@ -73,6 +85,20 @@ def run_bench(inventory: Optional[str] = None, extravars: Optional[dict] = None,
     if result.results_dir and result.run_id is None:
         result.run_id = os.path.basename(result.results_dir)
     return result
+
+
+def run_tune(inventory: Optional[str] = None, extravars: Optional[dict] = None,
+             results_root: Optional[str] = None, on_event: Optional[Callable[[dict], Any]] = None,
+             limit: Optional[str] = None, verbosity: int = 0, *,
+             envvars: Optional[dict] = None, cancel_callback: Optional[Callable[[], bool]] = None,
+             timeout: Optional[int] = None, check: bool = False) -> RunResult:
+    """Run tune.yml (docs/tune.md): the serving flags of `tune_space` that give the most goodput
+    under the SLO, each trial a profile run through bench.yml's own path. Arguments and result as
+    run_bench's; `results_dir` holds tune/best.yml (the profile to paste into group_vars),
+    tune/trials.csv and the report. A resumed tune: extravars bench_resume=<run_id>."""
+    return _run_bench_like("tune.yml", inventory, extravars, results_root, on_event, limit,
+                           verbosity, envvars=envvars, cancel_callback=cancel_callback,
+                           timeout=timeout, check=check)
 
 
 def upgrade_cuda(inventory: str, extravars: Optional[dict] = None,

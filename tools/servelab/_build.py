@@ -16,7 +16,8 @@ from setuptools.command.build_py import build_py
 
 # Kept in step with servelab/_paths.py COLLECTION_ITEMS (tests/integration/test_api_cli.py checks).
 COLLECTION_ITEMS = ("galaxy.yml", "meta", "plugins", "roles", "playbooks", "bench.yml",
-                    "upgrade-cuda.yml", "inventory", "ansible.cfg", "requirements.yml")
+                    "tune.yml", "upgrade-cuda.yml", "inventory", "ansible.cfg", "requirements.yml",
+                    "requirements.txt")
 SKIP = ("__pycache__", "*.pyc", "*.pyo", ".state", ".pytest_cache", ".ruff_cache", "*.tar.gz",
         ".*.swp")
 TARGET = os.path.join("servelab", "_collection", "ansible_collections", "servelab", "serving")

@@ -16,7 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NAMESPACE, NAME = "servelab", "serving"
 # What the wheel ships of the collection (servelab/_build.py copies them; the tests check it).
 COLLECTION_ITEMS = ("galaxy.yml", "meta", "plugins", "roles", "playbooks", "bench.yml",
-                    "upgrade-cuda.yml", "inventory", "ansible.cfg", "requirements.yml")
+                    "tune.yml", "upgrade-cuda.yml", "inventory", "ansible.cfg", "requirements.yml",
+                    "requirements.txt")
 # Ansible's own default collections paths: where the collection's dependencies
 # (community.general, ansible.posix) are found when the wheel's copy is used.
 DEFAULT_COLLECTIONS_PATHS = (os.path.expanduser("~/.ansible/collections"),

@@ -2,6 +2,7 @@
 
     servelab bench [-i INVENTORY] [-e KEY=VALUE|-e @FILE|-e JSON]... [--limit HOSTS] [-v]
     servelab bench --base-url URL --model NAME [-c 1,2,4] [--level-seconds 20]
+    servelab tune [-i INVENTORY] [-e ...] [--space FLAG=V1,V2]... [--slo ttft_ms=500] [--trials N]
     servelab report RESULTS_DIR [--compare-to OLD_RESULTS_DIR] [--baseline NAME]
     servelab upgrade-cuda -i INVENTORY [-e ...] [--limit HOSTS] [-v] [--check]
 
@@ -17,6 +18,7 @@ import sys
 from typing import List, Optional
 
 from . import _flags
+from . import _tune_flags
 
 EPILOG = """\
 exit codes: 0 ok, 1 the play or the report failed (host and task named), 2 bad usage
@@ -26,6 +28,7 @@ examples:
   servelab bench --base-url http://10.0.0.5:8000 --model my-model -c 1,2,4 --level-seconds 20
   servelab bench -e '{"bench_concurrency": [1, 2, 5]}' -e bench_level_seconds=10
   servelab bench -i inventory/mine -e @bench-vars.yml --limit gpu1
+  servelab tune --space max_running_requests=16,32,64 --slo ttft_ms=500,tpot_ms=50 --trials 6
   servelab report results/latest --compare-to results/20261201T101500Z-123456
   servelab upgrade-cuda -i inventory/mine --check
 """
@@ -169,6 +172,16 @@ def bench_extravars(args, extravars: dict) -> dict:
         raise UsageError(str(exc)) from None
 
 
+def tune_extravars(args, extravars: dict) -> dict:
+    """-e's variables plus those of tune's flags (_tune_flags.py); UsageError naming the flag."""
+    flags = _tune_flags.TuneFlags(space=args.space or [], slo=args.slo, trials=args.trials,
+                                  minutes=args.minutes, metric=args.metric, resume=args.resume)
+    try:
+        return _flags.merge(_tune_flags.tune_vars(flags), extravars, _tune_flags.TUNE_FLAG_OF)
+    except _flags.FlagError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="servelab", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -221,6 +234,32 @@ def _parser() -> argparse.ArgumentParser:
                        help="where the run directory goes (default $SERVELAB_RESULTS_ROOT, else "
                             "the checkout's results/, else ./results)")
 
+    tune = sub.add_parser(
+        "tune", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run tune.yml: find the serving flags that give the most goodput under the SLO",
+        description="Run tune.yml through ansible-runner (docs/tune.md): each trial is a profile "
+                    "run through bench.yml's own path, each trial's load searched by bisection; "
+                    "prints the trials and where the best profile is (tune/best.yml in the run "
+                    "directory). Without -i: the embedded default (the simulator).",
+        epilog=EPILOG)
+    play_options(tune, False)
+    flags = tune.add_argument_group(
+        "the common case", "each flag sets one variable (a flag and a -e setting the same one "
+        "are refused); the rest (tune_base_profile, tune_axis, tune_tolerance, ...) by -e")
+    flags.add_argument("--space", action="append", metavar="FLAG=V1,V2",
+                       help="a searched engine flag and its values (repeatable): tune_space")
+    flags.add_argument("--slo", metavar="ttft_ms=MS,tpot_ms=MS",
+                       help="the SLO the goodput is counted under (bench_slo)")
+    flags.add_argument("--trials", metavar="N", help="the budget in trials (tune_budget.trials)")
+    flags.add_argument("--minutes", metavar="M", help="the budget in minutes (tune_budget.minutes)")
+    flags.add_argument("--metric", metavar="goodput|output_tok_s",
+                       help="what to maximise (tune_objective.metric, at p99)")
+    flags.add_argument("--resume", metavar="RUN_ID",
+                       help="continue an interrupted tune, keeping its finished trials "
+                            "(bench_resume)")
+    tune.add_argument("--results-root",
+                      help="where the run directory goes (as for servelab bench)")
+
     rep = sub.add_parser(
         "report", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="rebuild a run's report from its results directory (no Ansible)",
@@ -250,12 +289,17 @@ def _play(args, printer) -> int:
     extravars = _parse_extra(args.extra_vars)
     if args.command == "bench":
         extravars = bench_extravars(args, extravars)
+    elif args.command == "tune":
+        extravars = tune_extravars(args, extravars)
     common = dict(extravars=extravars, on_event=printer, limit=args.limit,
                   verbosity=max(args.verbose - 2, 0), check=args.check)
     try:
         if args.command == "bench":
             result = servelab.run_bench(inventory=args.inventory,
                                         results_root=args.results_root, **common)
+        elif args.command == "tune":
+            result = servelab.run_tune(inventory=args.inventory,
+                                       results_root=args.results_root, **common)
         else:
             result = servelab.upgrade_cuda(args.inventory, **common)
     except servelab.BenchError as exc:
@@ -267,8 +311,11 @@ def _play(args, printer) -> int:
         if run is not None and run.results_dir:
             print("results (what finished): %s" % run.results_dir, file=sys.stderr)
         return 1
-    if args.command == "bench" and result.results_dir:
+    if args.command in ("bench", "tune") and result.results_dir:
         printer.say("results: %s" % result.results_dir)
+        best = os.path.join(result.results_dir, "tune", "best.yml")
+        if args.command == "tune" and os.path.isfile(best):
+            printer.say("best profile: %s (bench.yml -e @%s runs it)" % (best, best))
     printer.say("servelab %s: %s" % (args.command, result.status))
     return 0
 

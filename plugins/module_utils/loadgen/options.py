@@ -81,6 +81,9 @@ ACTION_ONLY_SPEC = dict(
     # How many times each level is measured (the action's loop; each call measures one repeat,
     # passed to the module as `repeat`).
     repeats=dict(type="int", default=1),
+    # Instead of the listed levels: the highest load that meets an SLO, each level chosen from
+    # the last (plugin_utils/tune/capacity.py: bisection, short levels first, pruning).
+    capacity_search=dict(type="dict"),
 )
 ACTION_ARGUMENT_SPEC = dict(ARGUMENT_SPEC, **ACTION_ONLY_SPEC)
 ACTION_ONLY_OPTIONS = tuple(ACTION_ONLY_SPEC)

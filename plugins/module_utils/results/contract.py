@@ -17,6 +17,8 @@ SUMMARY = "summary.md"
 REPORT_HTML = "report.html"
 PLOTS_DIR = "plots"
 PARTS_DIR = "parts"          # per (host, profile, level) files written as each level finishes
+CAPACITY_DIR = "capacity"    # per (host, profile): a capacity search's outcome (llm_bench)
+TUNE_DIR = "tune"            # a tune's trials, best profile and Pareto table (tune.yml)
 LATEST_LINK = "latest"       # results/latest -> results/<run_id>
 
 # One record per request in requests.jsonl. Times are client CLOCK_MONOTONIC in ns.

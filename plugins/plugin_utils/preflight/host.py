@@ -47,6 +47,9 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.preflight.typeche
     check_type, is_int, is_number, plain, to_number, validator_messages,
 )
 from ansible_collections.servelab.serving.plugins.plugin_utils.preflight.urls import base_url_problem
+from ansible_collections.servelab.serving.plugins.plugin_utils.tune.search_plan import (
+    SearchPlan, SearchPlanError,
+)
 from ansible_collections.servelab.serving.plugins.plugin_utils.sweep_plan import (
     RepeatsError,
     check_repeats,
@@ -284,4 +287,20 @@ def check_host(inp: HostInput, spec: Mapping[str, VariableSpec],
                 for item in programs)
     # After the profiles: the model the first one serves is llm_bench's `model`.
     _check_sweep_options(inp, workload, model, add, external_url, tuple(flagged))
+    if not flagged.intersection(("bench_capacity_search", "bench_concurrency", "bench_repeats")):
+        _check_capacity_search(inp, workload, add)
     return problems, count
+
+
+def _check_capacity_search(inp: HostInput, workload: Optional[dict], add) -> None:
+    """bench_capacity_search by llm_bench's own rules (tune/search_plan.py: the spec, its
+    concurrency cap, no repeats) and the first level's options (level_configs)."""
+    raw = inp.values.get("bench_capacity_search")
+    if raw is None:
+        return
+    try:
+        plan = SearchPlan.build(raw, _sweep_args(inp.values), inp.values.get("bench_repeats", 1))
+        level_configs(dict(plan.module_args, base_url="http://127.0.0.1:1", model="preflight",
+                           workload=workload or {"kind": "builtin"}), read_workload=False)
+    except (SearchPlanError, BenchOptionsError, ValueError, TypeError) as exc:
+        add("bench_capacity_search", "bench_capacity_search: %s; %s" % (exc, FIX))

@@ -25,6 +25,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report import sch
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import schedule_plot
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import repeats
 from ansible_collections.servelab.serving.plugins.plugin_utils.report import telemetry
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import tune_section
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.context import run_context
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.data import (
     DEFAULT_MAX_ERROR_RATE,
@@ -59,7 +60,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.manifest import M
 
 PLOT_FILES = ("throughput.png", "latency.png", "speedup.png", "comparison.png", "pareto.png",
               "ttft_cdf.png", "itl_cdf.png", "rate.png", "gpu.png", "derived.png",
-              fleet.FLEET_PLOT)
+              fleet.FLEET_PLOT, tune_section.PLOT)
 
 __all__ = ["ReportError", "ReportResult", "build_report", "write_report"]
 
@@ -149,6 +150,15 @@ def _join_telemetry(results_dir: str, run) -> tuple[dict, str | None]:
     return by_stem, telemetry.note(gpu, rows)
 
 
+def _tune_view(results_dir: str, run):
+    """The tune's view (report/tune_section.py) when the run is a tune's, else None."""
+    rows = run.records.rows if run.records is not None else []
+    by_profile: dict = {}
+    for row in rows:
+        by_profile.setdefault(str(row.get("profile")), []).append(row)
+    return tune_section.read_tune(results_dir, by_profile, run.manifest, run.run_id)
+
+
 def build_report(
     results_dir: str,
     baseline: str = "baseline",
@@ -161,14 +171,19 @@ def build_report(
 
     cdf_levels: the concurrencies of the TTFT/ITL CDF plots (default: each host's lowest and
     highest level and the crossovers' brackets)."""
-    if not isinstance(baseline, str) or not baseline.strip():
-        raise ReportError("baseline must name a profile (default `baseline`)")
     if compare_to and not os.path.isdir(compare_to):
         raise ReportError(
             f"compare_to {compare_to} is not a directory; pass an earlier "
             "results/<run_id>, or leave compare_to out"
         )
     run = load_run(results_dir, max_error_rate)
+    tune = _tune_view(results_dir, run)
+    if tune is not None and (not isinstance(baseline, str) or not baseline.strip()
+                             or baseline not in tune.state.tried_names()):
+        # A tune's profiles are its trials: speedups are against the best (else the first).
+        baseline = tune_section.baseline_for(tune) or baseline
+    if not isinstance(baseline, str) or not baseline.strip():
+        raise ReportError("baseline must name a profile (default `baseline`)")
     gpu_figures, gpu_note = _join_telemetry(results_dir, run)
     # One row per level from here on: the mean of its repeats and their spread (repeats.py).
     repeats.summarise_run(run)
@@ -222,6 +237,9 @@ def build_report(
         rate_levels=run.rate_levels,
         derived=derived,
     )
+    if tune is not None:
+        content.tune = tune
+        content.sections += tune_section.sections(tune)
     content.sections += repeats.sections(content)
     content.sections += percentile_table.sections(content)
     # Too few repeats for their interval: said in the report's warnings and by the CLI.
@@ -259,6 +277,7 @@ def build_report(
             "gpu.png": plots.plot_gpu(levels, baseline, badge),
             "derived.png": schedule_plot.plot_derived(derived, badge),
             fleet.FLEET_PLOT: fleet.plot_fleet(fleet_view, badge),
+            tune_section.PLOT: tune_section.plot(tune) if tune is not None else None,
         }
         content.plots = {name: png for name, png in figures.items() if png}
 

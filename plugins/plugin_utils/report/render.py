@@ -47,6 +47,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.interrupti
 # Table lives in the leaf report/table.py (the progress callback and the benchmarks use it too);
 # imported here as render.Table, the name the report modules use.
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.table import Table  # noqa: F401
+from ansible_collections.servelab.serving.plugins.plugin_utils.report import tune_section
 from ansible_collections.servelab.serving.plugins.plugin_utils.report.schedule import (
     derived_lines,
     derived_rows,
@@ -54,6 +55,7 @@ from ansible_collections.servelab.serving.plugins.plugin_utils.report.schedule i
 
 # Plots in reading order, with their headings in the HTML.
 PLOT_TITLES = {
+    "tune_pareto.png": "Tune: goodput against TTFT over every trial's levels (Pareto frontier)",
     "throughput.png": "Output throughput vs concurrency",
     "speedup.png": "Speedup against the baseline",
     "latency.png": "TTFT and TPOT vs concurrency",
@@ -90,6 +92,8 @@ class ReportContent:
     derived: list = field(default_factory=list)  # report/schedule.py DerivedProfile
     # [(title, Table)] sections other report modules add (repeats.py), after the level tables
     sections: list = field(default_factory=list)
+    # A tune's view (report/tune_section.py): its summary and best profile open the report.
+    tune: object = None
 
 
 def _title(name: str) -> str:
@@ -376,6 +380,12 @@ def summary_markdown(content: ReportContent) -> str:
     if intr is not None:
         out += [f"## Run {intr.status}", ""]
         out += [f"- {line}" for line in interruption_lines(intr, content.levels)] + [""]
+    if content.tune is not None:
+        out += ["## Tune", ""]
+        out += [f"- {line}" for line in tune_section.summary_lines(content.tune)] + [""]
+        block = tune_section.best_block(content.tune)
+        if block:
+            out += ["### The best configuration", "", "```yaml", block.rstrip(), "```", ""]
     out += ["## Time scale", "", content.context.time_scale_text, ""]
     out += ["## Recommendation", "", content.recommendation, ""]
     out += ["## Crossover", ""]
@@ -452,6 +462,11 @@ def report_html(content: ReportContent) -> str:
     if intr is not None:
         parts += [f"<h2>Run {esc(intr.status)}</h2>",
                   _ul(interruption_lines(intr, content.levels))]
+    if content.tune is not None:
+        parts += ["<h2>Tune</h2>", _ul(tune_section.summary_lines(content.tune))]
+        block = tune_section.best_block(content.tune)
+        if block:
+            parts.append(f"<h3>The best configuration</h3><pre>{esc(block)}</pre>")
     parts += [
         "<h2>Time scale</h2>",
         f"<p>{esc(content.context.time_scale_text)}</p>",
