@@ -41,8 +41,8 @@ def encode(chunk_times: Optional[Sequence[int]],
 
     Every request of a level is encoded at the level's end, a firehose's 2000-token answers
     included, so the text is made in bulk: the gaps by one comprehension and one map, the text
-    by one format of them all (a third less CPU than a loop per chunk that appended each item,
-    benchmarks/results/limit-itl-firehose-ab-2026-12-06.md)."""
+    by one format of them all (about a fifth less CPU than a loop per chunk that appended each
+    item, benchmarks/results/limit-itl-firehose-ab-2026-12-06.md)."""
     if not chunk_times:
         return None, None
     per_token = chunk_tokens is not None and len(chunk_tokens) == len(chunk_times)
