@@ -100,7 +100,7 @@ def window_slices(times: Sequence[int], weights: Sequence[float], ws: int, we: i
         whole, largest = isinstance(first, float) and first.is_integer(), abs(first)
     else:
         whole = _whole(values)
-        largest = max(max(values), -min(values)) if whole else 0.0
+        largest = max(map(abs, values)) if whole else 0.0
     whole = (whole and _whole(batch_tokens) and float(total).is_integer()
              and abs(total) + largest * n + sum(map(abs, batch_tokens)) < _EXACT)
     if order != head and not uniform:
