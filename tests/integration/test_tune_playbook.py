@@ -224,3 +224,30 @@ def test_a_flag_the_command_does_not_have_is_refused_by_its_own_help(tmp_path):
             "no such option); did you mean --max-running?") in run.output, run.output[-3000:]
     assert not (run.root / "tune-help").exists()
     assert processes_with(run.mark) == []
+
+
+def test_a_tune_out_of_levels_scores_a_lower_bound_and_says_so_everywhere(tmp_path):
+    """Two levels a trial, the first far under the capacity (2 req/s, the simulator serves ~19):
+    the short level meets the SLO and the last level is kept for a full-length one under it, so
+    the trial has a score - a lower bound, said so in trials.csv, best.yml, the report and the
+    play's output - and the play succeeds instead of saying no load met the SLO (the device run
+    of 2026-12-06, tests/gpu/tune)."""
+    extra = tune_vars(tmp_path, bench_run_id="tune-lb", tune_space={"max_running_requests": [4]},
+                      tune_budget={"trials": 1}, tune_min_trials=1, tune_max_levels=2,
+                      tune_first_load=2)
+    with play(tmp_path, extra) as run:
+        rc = run.wait(300)
+    assert rc == 0, run.output[-6000:]
+    assert "No load" not in run.output and "no load" not in run.output
+    run_dir = run.root / "tune-lb"
+    (row,) = trials_csv(run_dir)
+    assert (row["status"], row["lower_bound"]) == ("finished", "True"), row
+    assert float(row["score"]) > 0 and float(row["highest_load_met"]) >= float(row["load"]) > 0
+    assert "raise tune_max_levels" in row["reason"] and "at least" in row["reason"], row
+    assert "A LOWER BOUND: its capacity is at least rate" in (run_dir / "tune" / "best.yml").read_text()
+    summary = (run_dir / results.SUMMARY).read_text()
+    assert "a lower bound: its capacity is at least rate" in summary
+    assert ">= " in summary      # the trials table marks the score
+    said = [line for line in run.output.splitlines() if "servelab tune: best t01" in line]
+    assert said and "req/s, a lower bound: " in said[0] and "at least rate" in said[0], said
+    assert processes_with(run.mark) == [] and port_is_free(extra["bench_server_port"])

@@ -80,6 +80,66 @@ def test_a_late_client_is_told_from_the_cap():
     assert "send lateness p99 1230 ms" in text and "client CPU" in text
 
 
+# The device's level (tests/gpu/tune, H100, 2026-12-06): 2 req/s asked, 20 requests in a 10.8 s
+# window, every arrival sent on time, the cap of 1024 far from binding.
+ON_TIME = {"load_mode": "rate", "request_rate": 2.0, "arrival_rate_s": 1.8436, "concurrency": 1024,
+           "e2e_p50_ms": 5838.0, "send_lateness_p99_ms": 0.12, "output_tok_s": 117.4,
+           "requests": 20, "errors": 0, "window_s": 10.85}
+
+
+def test_a_window_that_sent_what_its_schedule_drew_is_not_flagged():
+    """1.84 of 2 req/s is the draw of 20 Poisson arrivals and the window's edges, not a client
+    that sent late: the window held every arrival due in it."""
+    assert open_loop_flag(dict(ON_TIME, scheduled_requests=20)) == ""
+    assert open_loop_flag(dict(ON_TIME, scheduled_requests=21)) == ""   # one at the edge
+    assert not any("behind" in f or "late" in f
+                   for f in level_flags(dict(ON_TIME, scheduled_requests=20)))
+
+
+def test_a_shortfall_sent_on_time_says_it_is_the_draw_not_the_client():
+    """An older row (no scheduled_requests): the lateness alone says the sends were on time."""
+    text = open_loop_flag(ON_TIME)
+    assert text == ("open loop: 1.84 of 2 req/s in this window: the arrivals drawn for it, sent "
+                    "on time (send lateness p99 0.12 ms)")
+    assert "sent late" not in text and "client CPU" not in text
+
+
+def test_the_client_is_blamed_only_when_its_lateness_says_so():
+    late = dict(ON_TIME, send_lateness_p99_ms=35.0, scheduled_requests=24)
+    text = open_loop_flag(late)
+    assert text.startswith("open loop behind: 1.84 of 2 req/s achieved; 20 of the 24 arrivals "
+                           "due in the window were sent in it, not for the in-flight cap")
+    assert "the client sent late (send lateness p99 35 ms); check client CPU" in text
+    # fewer sent than drawn, yet on time: neither the cap nor the client is blamed
+    text = open_loop_flag(dict(ON_TIME, scheduled_requests=24))
+    assert "neither for the in-flight cap" in text and "nor a late client" in text
+    assert "sent late" not in text.replace("nor a late client", "")
+    # no lateness measured: said so, nobody blamed
+    text = open_loop_flag({k: v for k, v in ON_TIME.items() if k != "send_lateness_p99_ms"})
+    assert "no send lateness was measured" in text and "): the client sent late" not in text
+
+
+def test_the_window_counts_the_arrivals_its_schedule_drew():
+    """reduce_requests: an arrival due in the window counts as drawn for it even when it was
+    sent after the window closed (late); one due before the window does not."""
+    from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import (
+        RequestTiming, reduce_requests,
+    )
+    ms = 1_000_000
+    ws, we = 1000 * ms, 2000 * ms
+
+    def req(i, sched, send):
+        return RequestTiming(worker=0, request_id=i, t_send=send, t_first=send + 5 * ms,
+                             t_last=send + 9 * ms, completion_tokens=2, chunks=2,
+                             chunk_times=[send + 5 * ms, send + 9 * ms], chunk_tokens=[1, 1],
+                             in_window=ws <= send < we, t_sched=sched)
+    records = [req(0, 990 * ms, 995 * ms),              # before the window
+               req(1, 1100 * ms, 1100 * ms), req(2, 1500 * ms, 1500 * ms),
+               req(3, 1990 * ms, 2030 * ms)]            # due in it, sent 40 ms late: after it
+    part = reduce_requests(records, ws, we, 2, {})
+    assert (part.window_scheduled, part.window_requests) == (3, 2)
+
+
 def test_a_level_that_kept_its_rate_or_a_closed_loop_one_says_nothing():
     assert open_loop_flag(dict(CAPPED, arrival_rate_s=5.9)) == ""
     assert open_loop_flag(dict(CAPPED, load_mode="concurrency")) == ""
@@ -104,6 +164,9 @@ def test_a_sweep_held_back_by_its_cap_warns_with_the_cause(tmp_path):
             level_timeout=30, min_latency_samples=0, min_window_requests=2, drain_timeout=0,
             server_metrics=False))
         outcome = run_levels(configs, workload)
+    row = outcome.levels[0]
+    # Arrivals queued behind the cap were due in the window but sent after it.
+    assert row["scheduled_requests"] >= row["requests"] > 0, row
     cause = [w for w in outcome.warnings if w.startswith("rate=20/s: in-flight cap: ")]
     assert cause and "with the cap of 1 in flight" in cause[0], outcome.warnings
     # The level's lateness note names the cap too, not the sender's priority (issue 28).

@@ -176,3 +176,98 @@ def test_a_borderline_short_miss_is_confirmed_at_full_length_not_trusted():
                          lambda s: (steps.append(s), measure(s))[1])
     assert steps[1].phase == cap.FULL and steps[1].x < 10.0 and "borderline" in steps[1].why
     assert out.status == cap.FOUND and out.score > 14.0, out
+
+
+# The device's run (tests/gpu/tune, H100, 2026-12-06): tune_first_load 2, tune_max_levels 5,
+# tune_load_max 40, short levels 3 s, full 8 s, tolerance 0.25. Both trials ended without a
+# score: every level short, the last ones still doubling.
+DEVICE = dict(start=2.0, maximum=40.0, minimum=0.05, max_levels=5, tolerance=0.25,
+              short_tolerance=0.75, short_seconds=3, full_seconds=8)
+
+
+@pytest.mark.parametrize("capacity", [24.0, 100.0])
+def test_a_search_out_of_levels_scores_a_lower_bound_not_nothing(capacity):
+    """t01 met the SLO up to 16/s and missed at 32/s; t02 met it everywhere up to 40/s. The last
+    level is kept for a full-length level under the highest load that met the SLO: the trial
+    has a score, marked as a lower bound of its capacity."""
+    steps = []
+    measure = server(capacity)
+    out = cap.run_search(spec(**DEVICE), lambda s: (steps.append(s), measure(s))[1])
+    assert out.score is not None and out.best_x is not None, out
+    assert out.lower_bound and out.status in (cap.MAX_LEVELS, cap.AT_MAXIMUM), out
+    assert len(steps) <= 5 and steps[-1].phase == cap.FULL
+    assert out.best_x <= capacity and out.score == pytest.approx(out.best_x)
+    assert "at least" in out.reason and "lower bound" in out.reason
+    xs = [s.x for s in steps]
+    assert len(xs) == len(set(xs)), xs
+
+
+def test_galloping_brackets_a_far_capacity_in_fewer_levels():
+    """Started 30x under its capacity: 1, 2, 8 met the SLO, 32 missed (doubling: 1, 2, 4, 8, 16
+    met, 32 missed); the search still ends with the capacity within the tolerance."""
+    steps = []
+    measure = server(30.0)
+    out = cap.run_search(spec(start=1.0, max_levels=16),
+                         lambda s: (steps.append(s), measure(s))[1])
+    assert [s.x for s in steps[:4]] == [1.0, 2.0, 8.0, 32.0]
+    assert "galloping" in steps[3].why
+    assert out.status == cap.FOUND and out.lo <= 30.0 < out.hi and not out.lower_bound
+
+
+def test_a_maximum_met_at_a_short_level_is_confirmed_at_full_length():
+    steps = []
+    measure = server(50.0)
+    out = cap.run_search(spec(maximum=20), lambda s: (steps.append(s), measure(s))[1])
+    assert out.status == cap.AT_MAXIMUM and out.lower_bound
+    assert steps[-1].phase == cap.FULL and 19.0 < steps[-1].x < 20.0
+    assert out.score == pytest.approx(steps[-1].x) and "at least" in out.reason
+
+
+def test_loads_met_only_at_short_levels_are_said_so_not_none():
+    """Short windows pass up to 10/s, full-length ones never: out of levels, the outcome names
+    the loads that met the SLO and the full-length miss, not 'no load met the SLO'."""
+    def measure(step):
+        return server(10.0 if step.phase == cap.SHORT else 0.01, saturation=40.0)(step)
+    wide = dict(DEVICE)
+    wide["maximum"] = 1000
+    out = cap.run_search(spec(**wide), measure)
+    assert out.status == cap.MAX_LEVELS and out.score is None and not out.lower_bound
+    assert "met the SLO at short levels, but no full-length level did" in out.reason
+    assert "p99 TTFT" in out.reason
+    floor = dict(DEVICE)
+    floor["minimum"] = 1.9
+    none = cap.run_search(spec(**floor), server(0.5))
+    assert none.status == cap.NONE_PASSED and "not even the minimum" in none.reason
+
+
+def test_out_of_levels_with_a_full_length_pass_only_above_the_lowest_miss_still_scores():
+    """A noisy server: a short miss at 8/s below a full-length pass at 12/s. Out of levels,
+    the outcome scores the full-length pass as a lower bound instead of failing on an empty
+    max() (the search's own outcome must never raise)."""
+    search = cap.Search(spec(start=12.0, max_levels=2))
+    search.add(12.0, cap.FULL, server(20.0)(cap.Step(12.0, cap.FULL, 10, "")))
+    search.add(8.0, cap.SHORT, server(5.0)(cap.Step(8.0, cap.SHORT, 2, "")))
+    out = search.next_step()
+    assert isinstance(out, cap.Outcome) and out.status == cap.MAX_LEVELS, out
+    assert out.score == pytest.approx(12.0) and out.lower_bound, out
+    assert "at least rate=12/s" in out.reason, out.reason
+
+
+def test_resume_replays_a_search_that_ends_on_its_kept_level():
+    """The reserved last level is a pure function of the levels too: a replay of the kept levels
+    asks for the same loads, phases and outcome."""
+    measure = server(100.0)
+    first = cap.Search(spec(**DEVICE))
+    seen = []
+    while True:
+        step = first.next_step()
+        if isinstance(step, cap.Outcome):
+            break
+        seen.append((step.x, step.phase))
+        first.add(step.x, step.phase, measure(step))
+    replay = cap.Search(spec(**DEVICE))
+    for x, phase in seen:
+        step = replay.next_step()
+        assert (step.x, step.phase) == (x, phase)
+        replay.add(x, phase, measure(step))
+    assert replay.next_step() == first.next_step()

@@ -20,12 +20,14 @@ SPACE = {"max_running_requests": [2, 4, 8, 16, 32, 64]}
 
 
 def settings(**over):
-    check = check_tune(values(
+    given = dict(
         tune_space=SPACE, bench_profiles=[{"name": "base", "simulator": dict(PRIOR)}],
         bench_slo=SLO, bench_level_seconds=4,
         bench_workload={"kind": "synthetic", "input_tokens": PROMPT, "output_tokens": OUTPUT},
         bench_max_tokens=OUTPUT, tune_budget={"trials": 6}, tune_tolerance=0.05,
-        tune_first_load=4, **over), [], {}, "h")
+        tune_first_load=4)
+    given.update(over)
+    check = check_tune(values(**given), [], {}, "h")
     assert check.ok, [p.message for p in check.problems]
     return check.settings
 
@@ -73,3 +75,50 @@ def test_every_trial_starts_at_the_best_load_and_a_worse_one_is_pruned_early():
         best = max((p for p in state.trials[:state.trials.index(t)] if p.score is not None),
                    key=lambda p: p.score)
         assert t.search["beat"] == best.score and t.search["start"] == best.outcome["best_x"]
+
+
+def test_a_tune_out_of_levels_scores_lower_bounds_and_says_so(tmp_path):
+    """The device's shape (tests/gpu/tune, 2026-12-06): a first load far under the capacity and
+    few levels. Every trial still has a score, marked as a lower bound in trials.csv, best.yml
+    and the report; the tune has an answer."""
+    import csv
+
+    import yaml
+
+    from ansible_collections.servelab.serving.plugins.plugin_utils.report import tune_section
+    from ansible_collections.servelab.serving.plugins.plugin_utils.tune import results
+
+    state = offline.run_tune(settings(tune_strategy="grid", tune_first_load=4, bench_level_seconds=8,
+                                      tune_max_levels=3, tune_budget={"trials": 2}),
+                             engine(seed=5))
+    assert [t.status for t in state.trials] == [st.FINISHED, st.FINISHED], [
+        (t.status, t.reason) for t in state.trials]
+    assert all(t.lower_bound and t.score for t in state.trials)
+    assert all("raise tune_max_levels" in t.reason and "at least" in t.reason
+               for t in state.trials)
+    st.save(str(tmp_path), state)
+    results.write_results(str(tmp_path), state, {})
+    with open(tmp_path / "tune" / "trials.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["lower_bound"] for r in rows} == {"True"}
+    assert all(float(r["highest_load_met"]) >= float(r["load"]) for r in rows)
+    best = (tmp_path / "tune" / "best.yml").read_text()
+    assert "A LOWER BOUND: its capacity is at least rate" in best
+    assert yaml.safe_load(best)["bench_profiles"][0]["name"] == "tuned"
+    view = tune_section.read_tune(str(tmp_path), {}, {}, "r1")
+    line = [x for x in tune_section.summary_lines(view) if x.startswith("best: ")][0]
+    assert "a lower bound: its capacity is at least rate" in line
+
+
+def test_a_tune_without_a_score_says_what_its_levels_showed():
+    from ansible_collections.servelab.serving.plugins.plugin_utils.report.tune_section import (
+        no_score_words,
+    )
+    rate = {"axis": "rate"}
+    assert no_score_words([{"status": "no_score", "highest_load_met": 16.0},
+                           {"status": "no_score", "highest_load_met": None}], rate) == (
+        "no trial ended with a score, though loads up to rate 16/s met the SLO (each trial's "
+        "reason says why)")
+    assert no_score_words([{"status": "no_score", "highest_load_met": None}], rate) == \
+        "no load any trial measured met the SLO"
+    assert "every trial failed" in no_score_words([{"status": "failed"}], rate)

@@ -18,12 +18,13 @@ from ansible_collections.servelab.serving.plugins.module_utils.loadgen.cpu impor
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.metrics import LevelPart, LevelRow, NS_PER_S
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.sender import PRIORITY_REALTIME
 from ansible_collections.servelab.serving.plugins.module_utils.results.level_verdict import (
-    IN_FLIGHT_CAP, open_loop_flag,
+    IN_FLIGHT_CAP, LATENESS_NOTE_MS, open_loop_flag,
 )
 
 CLIENT_CPU_LIMIT = 0.90          # fraction of one core over the window
 CLIENT_LAG_LIMIT_MS = 2.0        # event-loop lag p99 over the window
-LATENESS_NOTE_MS = 1.0           # open loop: a send lateness p99 from here on is warned about
+# LATENESS_NOTE_MS (results/level_verdict.py): open loop, a send lateness p99 from there on is
+# warned about, and open_loop_flag blames the client for a shortfall only from there on.
 
 
 def call_both(first, second):

@@ -352,6 +352,9 @@ def _measure(cfg: LevelConfig, endpoint: Endpoint, wires: List[bytes], spool_dir
     row.request_rate = float(cfg.request_rate) if cfg.load_mode == "rate" else None
     if cfg.load_mode == "rate" and row.window_s:
         row.arrival_rate_s = round(row.requests / row.window_s, 4)
+        # What the schedule drew for the window: a short window's shortfall against the rate
+        # is this draw's, unless fewer than these were sent in it (open_loop_flag).
+        row.scheduled_requests = merged.window_scheduled
     row.min_latency_samples = int(cfg.min_latency_samples)
     row.stop_reason = STOP_REASONS.get(stop, STOP_UNKNOWN)
     row.window_complete = bool(ws and we and controller.window_complete)

@@ -356,6 +356,7 @@ class LevelPart:
     itl: Samples = field(default_factory=lambda: _series("itl"))     # (value, weight) samples
     lateness: Samples = field(default_factory=lambda: _series("lateness"))  # t_send - t_sched
     window_requests: int = 0
+    window_scheduled: int = 0       # open loop: arrivals due in the window (t_sched), sent or not
     window_errors: int = 0
     window_good: int = 0
     # whole run
@@ -393,7 +394,8 @@ class LevelPart:
             self.batch_tokens[i] += v
         for name in ("window_output_tokens", "window_prompt_tokens", "run_output_tokens",
                      "run_prompt_tokens", "window_requests", "window_errors", "window_good",
-                     "run_requests", "run_ok", "run_errors", "cancelled", "tokens_fallback"):
+                     "run_requests", "run_ok", "run_errors", "cancelled", "tokens_fallback",
+                     "window_scheduled"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name, _typecode, _weighted in SERIES:
             getattr(self, name).merge(getattr(other, name))
@@ -463,6 +465,8 @@ def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches
             if r.tokens_source != TOKENS_SERVER:
                 part.tokens_fallback += 1
             _append_latencies(r, part.run_ttft, part.run_tpot, part.run_e2e)
+        if has_window and r.t_sched is not None and ws <= r.t_sched < we:
+            part.window_scheduled += 1
         if r.in_window and has_window and not r.cancelled:
             part.window_requests += 1
             if r.t_sched is not None:

@@ -120,6 +120,7 @@ class LevelRow:
     latency_samples: int = 0
     min_latency_samples: int = 0
     arrival_rate_s: Optional[float] = None
+    scheduled_requests: Optional[int] = None
     send_lateness_p50_ms: Optional[float] = None
     send_lateness_p99_ms: Optional[float] = None
     drain_s: Optional[float] = None
@@ -343,6 +344,9 @@ FIELDS: Tuple[LevelField, ...] = (
                "by level_timeout)"),
     _row_field("arrival_rate_s", "request/s", "achieved rate", ".2f",
                "open loop: requests sent in the window / window length; none in closed loop"),
+    _row_field("scheduled_requests", "", "arrivals due", "d",
+               "open loop: the arrivals the schedule drew for the window (due in it, sent in it "
+               "or not); requests below it: sends slipped out of the window"),
     _row_field("send_lateness_p50_ms", "ms", "send lateness p50", ".3f",
                "open loop: how long after its scheduled arrival a window request was sent "
                "(connection-cap queueing included), median"),

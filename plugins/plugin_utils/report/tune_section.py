@@ -96,12 +96,18 @@ def summary_lines(view: TuneView) -> List[str]:
     if best is not None:
         out = best.outcome or {}
         ci = " +- %.3g" % best.score_ci95 if best.score_ci95 else ""
-        lines.append("best: %s (%s): %.4g %s%s at %s; its capacity lies in [%s, %s)%s" % (
+        if best.lower_bound:
+            capacity = ("a lower bound: its capacity is at least %s, the search ended before it "
+                        "bracketed the capacity within the tolerance (%s)"
+                        % (_load(s, out.get("best_x")), best.reason))
+        else:
+            capacity = "its capacity lies in [%s, %s)" % (_load(s, out.get("lo")),
+                                                          _load(s, out.get("hi")))
+        lines.append("best: %s (%s): %.4g %s%s at %s; %s%s" % (
             best.name, best.key, best.score, view.objective.unit, ci,
-            _load(s, out.get("best_x")), _load(s, out.get("lo")), _load(s, out.get("hi")),
-            _tie_note(view)))
+            _load(s, out.get("best_x")), capacity, _tie_note(view)))
     else:
-        lines.append("best: none - no trial found a load that meets the SLO")
+        lines.append("best: none - %s" % no_score_words(view.rows, s))
     running = view.state.running()
     if running is not None:
         lines.append("interrupted: trial %s (%s) was in flight; resuming the run (-e "
@@ -113,6 +119,22 @@ def summary_lines(view: TuneView) -> List[str]:
     if model.get("note") or model.get("model"):
         lines.append("model: %s" % (model.get("note") or model.get("model")))
     return lines
+
+
+def no_score_words(rows, settings) -> str:
+    """Why no trial has a score, as the levels say it: loads met the SLO (the highest named)
+    yet no trial ended with a score (out of levels before a full-length level met it, a
+    full-length level missed, the server died: each trial's reason says which), no load met it
+    at all, every trial failed, or no trial ended. tune.yml's failure says the same."""
+    met = [r.get("highest_load_met") for r in rows if r.get("highest_load_met") is not None]
+    if met:
+        return ("no trial ended with a score, though loads up to %s met the SLO (each trial's "
+                "reason says why)" % _load(settings, max(met)))
+    if any(r.get("status") in (st.NO_SCORE, st.PRUNED) for r in rows):
+        return "no load any trial measured met the SLO"
+    if rows and all(r.get("status") == st.FAILED for r in rows):
+        return "every trial failed (how each ended says why)"
+    return "no trial has ended yet"
 
 
 def _load(settings, x) -> str:
@@ -154,14 +176,18 @@ def trials_table(view: TuneView) -> Table:
     for r in view.rows:
         err = r.get("prediction_error_pct")
         rows.append([r["trial"], r["status"]] + [_cell(r.get(f)) for f in flags] + [
-            _cell(r.get("score")), _cell(r.get("score_ci95"), "%.2g"), _cell(r.get("predicted")),
+            (">= " if r.get("lower_bound") else "") + _cell(r.get("score")),
+            _cell(r.get("score_ci95"), "%.2g"), _cell(r.get("predicted")),
             "-" if err is None else "%+.0f%%" % err, _cell(r.get("load")),
             "[%s, %s)" % (_cell(r.get("capacity_lo")), _cell(r.get("capacity_hi"))),
             "%s (%s/%s)" % (r.get("levels"), _cell(r.get("short_levels")),
                             _cell(r.get("full_levels"))),
             _cell(r.get("measured_s"), "%.1f"), r.get("why") or "", r.get("reason") or ""])
     return Table(headers, rows, [
-        "score: the objective at the trial's best full-length level that met the SLO; +-95%: "
+        "score: the objective at the trial's best full-length level that met the SLO (a lower "
+        "bound, marked >=, where the search ended before it bracketed the capacity within the "
+        "tolerance); "
+        "+-95%: "
         "that level's batch-means half-width of output tok/s, relative, applied to the score; "
         "predicted: what the proposer expected when it chose the trial (the model corrected by "
         "the trials before it); the capacity bracket: the highest load that met the SLO and the "

@@ -7,8 +7,11 @@ load comes next):
 
 1. The first level is `start`: the rate where the best trial so far found its score (`beat`), so a
    trial that cannot beat it usually shows so in one level, or the model's prediction.
-2. Bracketing: while every level met the SLO, the load grows by `expand` (up to `maximum`); while
-   none did, it shrinks by `expand` (down to `minimum`).
+2. Bracketing: while every level met the SLO, the load grows by `expand`, and by `expand`^2
+   once two loads met it (galloping, capped: up to `maximum`); while none did, it shrinks by
+   `expand` (down to `minimum`). Started 30x under its capacity, a search with `expand` 2
+   brackets it in 4 levels ([8, 32) x the start) where doubling takes 6 ([16, 32)); the wider
+   bracket costs one short level more to bisect (benchmarks/capacity_bench.py measures both).
 3. Bisection: the next load is the middle of the bracket [lo, hi) - lo the highest load that met
    the SLO below hi, the lowest that missed it (geometric middle for a rate, the integer middle
    for a concurrency). The bracket never holds a measured load, so no load is measured twice.
@@ -26,6 +29,11 @@ load comes next):
    bound is within `tolerance` of `beat`, the trial cannot beat the best by more than the search
    can resolve: it stops, `pruned`. Started at the best trial's load, a trial that misses the
    SLO there is pruned after one short level.
+6. A score whenever a load met the SLO: the last level of `max_levels` is kept for a full-length
+   level under the highest load that met it (a step of half the tolerance under), when no
+   full-length level has yet; a maximum load that met the SLO at a short level is confirmed at
+   full length just under it. A search that ends so (`max_levels`, `at_maximum`) scores a lower
+   bound: the capacity is at least its load (`Outcome.lower_bound`).
 
 `next_step` is a pure function of the levels measured so far, so a resumed sweep that keeps its
 finished levels (run_record.py) replays the same decisions and measures only what is missing.
@@ -48,7 +56,7 @@ FOUND = "found"             # the bracket is narrow and a full-length level met 
 PRUNED = "pruned"           # it cannot beat `beat`
 NONE_PASSED = "none_passed"  # not even the minimum load met the SLO
 AT_MAXIMUM = "at_maximum"   # the maximum load met it: the capacity is at least that
-MAX_LEVELS = "max_levels"   # the level budget ran out first
+MAX_LEVELS = "max_levels"   # the level budget ran out first (a score is then a lower bound)
 FAILED = "failed"           # the server did not serve a level
 OUTCOMES = (FOUND, PRUNED, NONE_PASSED, AT_MAXIMUM, MAX_LEVELS, FAILED)
 
@@ -194,6 +202,9 @@ class Outcome:
     full_levels: int = 0
     score_ci95: Optional[float] = None  # see Search.finish
     passed_levels: List[float] = field(default_factory=list)
+    # The search ended before a load above the score's missed the SLO closely enough: the
+    # capacity is at least best_x, maybe more (at_maximum, max_levels with a score).
+    lower_bound: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -292,6 +303,12 @@ class Search:
 
     # -- the decision --------------------------------------------------------------------------
     def next_step(self) -> Union[Step, Outcome]:
+        nxt = self._decide()
+        if isinstance(nxt, Step) and len(self.levels) >= self.spec.max_levels:
+            return self._out_of_levels(*self.bracket())
+        return nxt
+
+    def _decide(self) -> Union[Step, Outcome]:
         spec = self.spec
         failed = [m for m in self.levels if m.judgement.failed]
         if failed:
@@ -303,10 +320,7 @@ class Search:
                         "the first level: %s" % ("the best trial's load" if spec.beat is not None
                                                  else "the predicted capacity"))
         last = self.levels[-1]
-        if self.borderline(last) and len(self.levels) < spec.max_levels:
-            return Step(self._fresh(last.x, True), FULL, spec.full_seconds,
-                        "a borderline miss at a short level (%s): confirmed at full length"
-                        % last.judgement.reason)
+        left = spec.max_levels - len(self.levels)
         lo, hi = self.bracket()
         bound = self.bound(hi)
         beat = spec.beat
@@ -316,16 +330,34 @@ class Search:
                                "%s, the best so far is %s"
                                % (self.label(hi), "%.4g" % float(bound), spec.objective.unit,
                                   "%.4g" % float(beat)))
-        if len(self.levels) >= spec.max_levels:
-            return self.finish(MAX_LEVELS, "max_levels (%d) measured before the bracket closed"
-                               % spec.max_levels)
+        full_ok = [m for m in self._ok() if m.phase == FULL]
+        if left == 1 and not full_ok and lo is not None:
+            # The last level is kept for a score: without a full-length level that met the SLO
+            # the trial would end with none although loads met it (rule 6).
+            return Step(self._fresh(self._under(lo), True), FULL, spec.full_seconds,
+                        "the last level of max_levels (%d): a full-length level under the "
+                        "highest load that met the SLO (%s), so the trial has a score"
+                        % (spec.max_levels, self.label(lo)))
+        if self.borderline(last):
+            return Step(self._fresh(last.x, True), FULL, spec.full_seconds,
+                        "a borderline miss at a short level (%s): confirmed at full length"
+                        % last.judgement.reason)
         phase = self._phase(lo, hi)
         if hi is None:                                  # everything met the SLO so far
             if lo >= spec.maximum:
-                return self.finish(AT_MAXIMUM, "the maximum load %s met the SLO"
-                                   % self.label(spec.maximum))
-            return Step(self._fresh(lo * spec.expand, False), phase, self._seconds(phase),
-                        "every level met the SLO: up by %gx" % spec.expand)
+                top = max((m.x for m in full_ok), default=None)
+                if top is None or top * (1.0 + spec.tolerance) < spec.maximum:
+                    return Step(self._fresh(spec.maximum, True), FULL, spec.full_seconds,
+                                "the maximum load %s met the SLO at a short level: confirmed at "
+                                "full length" % self.label(spec.maximum))
+                return self.finish(AT_MAXIMUM, "the maximum load %s met the SLO: the capacity is "
+                                   "at least %s (a lower bound)"
+                                   % (self.label(spec.maximum), self.label(top)))
+            factor = self._gallop(len({m.x for m in self._ok()}))
+            return Step(self._fresh(lo * factor, False), phase, self._seconds(phase),
+                        "every level met the SLO: up by %.3gx%s" % (
+                            factor, " (galloping: two or more met it)" if factor > spec.expand
+                            else ""))
         if lo is None:                                  # nothing met it yet
             if hi <= spec.minimum:
                 return self.finish(NONE_PASSED, "not even the minimum load %s met the SLO (%s)"
@@ -336,8 +368,7 @@ class Search:
         if phase == FULL:
             # A short level decides where to look, never the result: the bracket's bottom is
             # now the highest full-length level that met the SLO below hi.
-            full_lo = max((m.x for m in self._ok() if m.phase == FULL and m.x < hi),
-                          default=None)
+            full_lo = max((m.x for m in full_ok if m.x < hi), default=None)
             if full_lo is None:
                 # None yet: the middle of the bracket at full length while it is wide, else a
                 # step of half the tolerance under its (short) bottom.
@@ -345,7 +376,7 @@ class Search:
                     return Step(self._fresh(self._middle(lo, hi), True), FULL,
                                 spec.full_seconds, "a full-length level must meet the SLO: "
                                 "bisect [%s, %s)" % (self.label(lo), self.label(hi)))
-                x = (lo - 1) if spec.integer else lo * (1.0 - spec.tolerance / 2)
+                x = self._under(lo)
                 if x < spec.minimum:
                     return self.finish(NONE_PASSED, "no full-length level met the SLO down to "
                                        "the minimum load %s" % self.label(spec.minimum))
@@ -358,6 +389,49 @@ class Search:
                         "bisect [%s, %s)" % (self.label(full_lo), self.label(hi)))
         return Step(self._fresh(self._middle(lo, hi), True), phase, self._seconds(phase),
                     "bisect [%s, %s)" % (self.label(lo), self.label(hi)))
+
+    def _gallop(self, passed: int) -> float:
+        """The step up after `passed` loads that all met the SLO: `expand`, then `expand`^2 from
+        the second on (galloping, capped). Two passes in a row say the capacity is far: the
+        search then covers the distance in half the levels, and the bracket it leaves is at
+        most `expand`^2 wide (one bisection more than doubling's). Uncapped growth, or growth
+        downwards too, left wider brackets whose bisection cost more than the bracketing saved
+        (benchmarks/capacity_bench.py measured the variants)."""
+        return self.spec.expand ** (2 if passed >= 2 else 1)
+
+    def _under(self, x: float) -> float:
+        """A load a step of half the tolerance under x (one under, for a concurrency)."""
+        return (x - 1) if self.spec.integer else x * (1.0 - self.spec.tolerance / 2)
+
+    def _out_of_levels(self, lo, hi) -> Outcome:
+        """MAX_LEVELS, with what the levels showed: a lower bound when a full-length level met
+        the SLO, else whether any load met it at all."""
+        n = self.spec.max_levels
+        ok = self._ok()
+        full_ok = [m for m in ok if m.phase == FULL]
+        if full_ok:
+            # The highest full-length pass under hi; a non-monotone server can pass at full
+            # length only above the lowest miss: then the score's own load (finish's best).
+            top = max((m.x for m in full_ok if hi is None or m.x < hi),
+                      default=max(full_ok, key=lambda m: m.judgement.score or 0.0).x)
+            if hi is None:
+                return self.finish(MAX_LEVELS, "max_levels (%d) measured before a load missed the "
+                                   "SLO: every load measured met it, up to %s; the capacity is at "
+                                   "least %s (a lower bound)"
+                                   % (n, self.label(max(m.x for m in ok)), self.label(top)))
+            return self.finish(MAX_LEVELS, "max_levels (%d) measured before the bracket [%s, %s) "
+                               "narrowed to the tolerance: the capacity is at least %s (a lower "
+                               "bound)" % (n, self.label(top), self.label(hi), self.label(top)))
+        if ok:
+            missed = [m for m in self.levels if m.phase == FULL and not m.judgement.passed]
+            return self.finish(MAX_LEVELS, "max_levels (%d) measured: loads up to %s met the SLO "
+                               "at short levels, but no full-length level did%s"
+                               % (n, self.label(max(m.x for m in ok)),
+                                  " (%s: %s)" % (self.label(missed[-1].x),
+                                                 missed[-1].judgement.reason) if missed else ""))
+        lowest = min(self.levels, key=lambda m: m.x)
+        return self.finish(MAX_LEVELS, "max_levels (%d) measured and no load met the SLO (the "
+                           "lowest, %s: %s)" % (n, self.label(lowest.x), lowest.judgement.reason))
 
     def _middle(self, lo: float, hi: float) -> float:
         if self.spec.integer:
@@ -392,7 +466,8 @@ class Search:
             short_levels=sum(1 for m in self.levels if m.phase == SHORT),
             full_levels=sum(1 for m in self.levels if m.phase == FULL),
             score_ci95=best.judgement.score_ci95 if best else None,
-            passed_levels=sorted(m.x for m in self._ok()))
+            passed_levels=sorted(m.x for m in self._ok()),
+            lower_bound=best is not None and status in (AT_MAXIMUM, MAX_LEVELS))
 
 
 def run_search(spec: SearchSpec, measure) -> Outcome:

@@ -54,10 +54,14 @@ def trial_rows(state: st.TuneState) -> List[Dict[str, Any]]:
         row: Dict[str, Any] = {"trial": t.name, "status": t.status}
         for f in flags:
             row[f[2:]] = t.flags.get(f)
+        passed = out.get("passed_levels") or []
         row.update({
             "score": t.score, "score_ci95": t.score_ci95, "unit": objective.unit,
+            # A lower bound: the capacity is at least `load` (the search ended first).
+            "lower_bound": bool(t.lower_bound),
             "load": out.get("best_x"), "capacity_lo": out.get("lo"),
             "capacity_hi": out.get("hi"),
+            "highest_load_met": max(passed) if passed else None,
             "predicted": _round(pred.get("score")),
             "predicted_sd_pct": _round(100 * pred["sd"]) if pred.get("sd") is not None else None,
             "prediction_error_pct": (_round(100 * (pred["score"] / t.score - 1))
@@ -101,14 +105,17 @@ def best_document(state: st.TuneState, run_id: str) -> Optional[str]:
         doc.update(bench_load_mode="concurrency", bench_concurrency=[int(load)])
     counts = {s: sum(1 for t in state.trials if t.status == s) for s in st.ENDED}
     ci = (" +- %.3g" % best.score_ci95) if best.score_ci95 else ""
+    where = "%s %s" % ("rate" if axis == "rate" else "concurrency",
+                       "%g/s" % load if axis == "rate" else int(load))
     head = [
         "servelab tune %s: the best of %d trial(s) (%s)." % (
             run_id, len(state.trials), ", ".join("%d %s" % (n, s) for s, n in counts.items() if n)),
         "Objective: %s." % objective.describe(),
-        "Measured: %.4g %s%s at %s %s (trial %s: %s); its capacity lies in [%s, %s)." % (
-            best.score, objective.unit, ci, "rate" if axis == "rate" else "concurrency",
-            "%g/s" % load if axis == "rate" else int(load), best.name, best.key,
-            out.get("lo"), out.get("hi")),
+        "Measured: %.4g %s%s at %s (trial %s: %s); %s." % (
+            best.score, objective.unit, ci, where, best.name, best.key,
+            ("A LOWER BOUND: its capacity is at least %s, the search ended before it bracketed "
+             "the capacity within the tolerance (%s)" % (where, best.reason)) if best.lower_bound
+            else "its capacity lies in [%s, %s)" % (out.get("lo"), out.get("hi"))),
         "Paste bench_profiles into group_vars, or run it as measured:",
         "  ansible-playbook bench.yml -e @%s/%s/%s" % (run_id, TUNE_DIR, BEST_YML),
     ]

@@ -172,12 +172,15 @@ def record(trial: st.Trial, profile_record: Mapping, outcome: Optional[Mapping],
         trial.score = None
     elif trial.score is None:
         trial.status = st.NO_SCORE
+        if search_status == MAX_LEVELS and outcome.get("passed_levels"):
+            trial.reason += ": raise tune_max_levels"
     elif search_status in (FOUND, AT_MAXIMUM, MAX_LEVELS):
         trial.status = st.FINISHED
+        trial.lower_bound = bool(outcome.get("lower_bound"))
         if search_status == AT_MAXIMUM:
-            trial.reason += " (the capacity is at least this: raise tune_load_max)"
+            trial.reason += ": raise tune_load_max for the capacity itself"
         elif search_status == MAX_LEVELS:
-            trial.reason += " (the bracket is wider than tune_tolerance)"
+            trial.reason += ": raise tune_max_levels (or a tune_first_load nearer the capacity)"
     else:
         trial.status = st.NO_SCORE
     return trial

@@ -28,7 +28,7 @@ STATE_FILE = "state.json"
 VERSION = 1
 # Trial statuses: running (started, not recorded: in flight, or cut off), then one of these.
 RUNNING = "running"
-FINISHED = "finished"       # the capacity search found its bracket (the trial has a score)
+FINISHED = "finished"       # the trial has a score (its capacity bracketed, or a lower bound)
 PRUNED = "pruned"           # stopped early: it could not beat the best so far
 NO_SCORE = "no_score"       # it ended without a full-length level meeting the SLO
 FAILED = "failed"           # the server did not start, died, or a level failed (with why)
@@ -67,6 +67,9 @@ class Trial:
     outcome: Dict[str, Any] = field(default_factory=dict)
     score: Optional[float] = None
     score_ci95: Optional[float] = None
+    # The score is a lower bound: the search ended (max_levels, the maximum load) before a load
+    # above it missed the SLO closely enough; the capacity is at least its load.
+    lower_bound: bool = False
     reason: str = ""                       # how it ended, in words (failures: the error)
     started_at: str = ""
     started_unix: float = 0.0              # this attempt's start (time.time())
