@@ -37,6 +37,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 # The row these computations fill, and the words of its labels, are the results contract's.
 from ansible_collections.servelab.serving.plugins.module_utils import netstamp
 from ansible_collections.servelab.serving.plugins.module_utils.results import request_itl
+from ansible_collections.servelab.serving.plugins.module_utils.loadgen.chunk_arrays import (
+    add_window_tokens, itl_series,
+)
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.samples import (
     Samples, quantiles, mean as sample_mean, std as sample_std, weighted_sums,
 )
@@ -224,7 +227,7 @@ def chunk_token_weights(r: RequestTiming) -> Optional[List[float]]:
     if not times:
         return None
     if r.chunk_tokens is not None and len(r.chunk_tokens) == len(times):
-        return [float(k) for k in r.chunk_tokens]
+        return list(map(float, r.chunk_tokens))
     total = r.completion_tokens if r.completion_tokens is not None else len(times)
     return [total / len(times)] * len(times)
 
@@ -423,7 +426,6 @@ def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches
     has_window = we > ws > 0
     nb = batches if has_window else 0
     part.batch_tokens = [0.0] * nb
-    span = (we - ws) if has_window else 1
     if per_token_itl is None:
         requests = list(requests)
         # Per-token ITL needs per-chunk counts on every successful request of the level.
@@ -453,10 +455,10 @@ def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches
             if r.prompt_tokens:
                 part.run_prompt_tokens += r.prompt_tokens
             if has_window:
-                for t, w in zip(times, weights):
-                    if ws <= t < we:
-                        part.window_output_tokens += w
-                        part.batch_tokens[min(nb - 1, (t - ws) * nb // span)] += w
+                # The window's tokens by batch: each chunk in [ws, we) adds its weight to the
+                # batch (t - ws) * nb // span (loadgen/chunk_arrays.py: in bulk, the same sums).
+                part.window_output_tokens = add_window_tokens(
+                    times, weights, ws, we, part.batch_tokens, part.window_output_tokens)
                 if r.prompt_tokens and r.t_first is not None and ws <= r.t_first < we:
                     part.window_prompt_tokens += r.prompt_tokens
         if r.ok:
@@ -475,9 +477,8 @@ def reduce_requests(requests: Iterable[RequestTiming], ws: int, we: int, batches
             if meets_slo(r, slo):
                 part.window_good += 1
             _append_latencies(r, part.ttft, part.tpot, part.e2e)
-            pairs = itl_samples(r, part.per_token_itl)
-            if pairs:
-                part.itl.extend([v for v, _w in pairs], [w for _v, w in pairs])
+            values, weights = itl_series(r.chunk_times, r.chunk_tokens, part.per_token_itl)
+            part.itl.extend(values, weights)
     return part.seal()
 
 

@@ -102,13 +102,15 @@ class Samples:
             self._flush()
 
     def extend(self, values: Sequence, weights: Optional[Sequence[float]] = None) -> None:
-        """Append `values` (with their `weights` in a weighted series; None: every weight 1)."""
+        """Append `values` (with their `weights` in a weighted series; None: every weight 1).
+        `weights`: a list, tuple or array (its count() is the check for a weight other than 1,
+        in C: a firehose level's end extends a series by its 2000 gaps per request)."""
         if not values:
             return
         before = len(self._values)
         self._values.extend(values)
         if self.weighted and (self._weights is not None or (
-                weights is not None and any(w != 1.0 for w in weights))):
+                weights is not None and weights.count(1.0) != len(weights))):
             self._start_weights(before)
             self._weights.extend(weights if weights is not None else repeat(1.0, len(values)))
         self.count += len(values)
