@@ -356,7 +356,7 @@ class LevelPart:
     itl: Samples = field(default_factory=lambda: _series("itl"))     # (value, weight) samples
     lateness: Samples = field(default_factory=lambda: _series("lateness"))  # t_send - t_sched
     window_requests: int = 0
-    window_scheduled: int = 0       # open loop: arrivals due in the window (t_sched), sent or not
+    window_scheduled: int = 0       # open loop: sent arrivals due in the window (t_sched)
     window_errors: int = 0
     window_good: int = 0
     # whole run

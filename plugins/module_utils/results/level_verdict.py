@@ -210,10 +210,12 @@ def open_loop_flag(row: Mapping) -> str:
     Otherwise the arrivals the schedule drew decide: a window of a few dozen Poisson arrivals
     holds fewer (or more) than rate x length by chance, and its edges cut the draw. Where the
     window sent what the schedule drew for it (`scheduled_requests`, the arrivals due in the
-    window, within one request or 5 %), nothing fell short of the schedule: no flag. Where it
-    sent fewer, or the drawn count is unknown (an older row), the send lateness says who: the
-    client sent late only when its p99 is at least LATENESS_NOTE_MS; under it every arrival left
-    within a millisecond of its due time, and the shortfall is the draw's."""
+    window, within one request or 5 %), nothing fell short of the schedule: no flag. The send
+    lateness is read first, though: `scheduled_requests` counts the arrivals due in the window
+    that were sent (in it or after it), so an arrival a late client never sent is in neither
+    count, and only the lateness of the ones it sent can show it. The client sent late when its
+    p99 is at least LATENESS_NOTE_MS; under it every arrival left within a millisecond of its due
+    time, and the shortfall is the draw's."""
     if _text(row, "load_mode") != "rate":
         return ""
     asked, got = _number(row, "request_rate"), _number(row, "arrival_rate_s")
@@ -228,20 +230,21 @@ def open_loop_flag(row: Mapping) -> str:
                 "the cap (concurrency; bench_concurrency in rate mode) or lower the rate"
                 % (shortfall, int(cap or 0), float(e2e_ms or 0) / 1000.0, float(allows)))
     drawn, held = _number(row, "scheduled_requests"), _number(row, "requests")
-    if drawn is not None and held is not None and \
+    late = _number(row, "send_lateness_p99_ms")
+    client_late = late is not None and late >= LATENESS_NOTE_MS
+    if not client_late and drawn is not None and held is not None and \
             held >= drawn - max(1.0, (1.0 - RATE_SHORTFALL) * drawn):
         return ""           # the window sent what the schedule drew for it: nothing fell short
-    late = _number(row, "send_lateness_p99_ms")
     lateness = (" (send lateness p99 %s ms)" % ("%.0f" % late if late >= 10 else "%.2g" % late)
                 if late is not None else "")
-    drew = ("; %d of the %d arrivals due in the window were sent in it" % (held, drawn)
+    drew = ("; %d arrivals were due in the window and %d requests were sent in it" % (drawn, held)
             if drawn is not None and held is not None else "")
     cap_words = ("%d in flight allow about %.2f req/s" % (int(cap or 0), float(allows))
                  if allows is not None else "no latency to tell")
     if late is None:
         return ("open loop behind: %s%s, not for the in-flight cap (%s); no send lateness was "
                 "measured to tell whether the client sent late" % (shortfall, drew, cap_words))
-    if late >= LATENESS_NOTE_MS:
+    if client_late:
         return ("open loop behind: %s%s, not for the in-flight cap (%s): the client sent late%s; "
                 "check client CPU and loop lag" % (shortfall, drew, cap_words, lateness))
     if drew:
