@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import zipfile
@@ -18,18 +17,13 @@ import pytest
 
 import servelab   # tools/servelab (conftest.py puts tools/ on sys.path)
 from servelab import _build, _paths
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(REPO, "tools")
 LEVELS = [1, 5]
 TIME_SCALE = 10
 SECRET = "sk-servelab-canary-4e1f"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bench_vars(tmp_path) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import tempfile
 
 import ansible_runner
@@ -21,6 +20,7 @@ from simproc import ServerProcess  # tests/ (conftest.py puts it on sys.path)
 
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
@@ -34,12 +34,6 @@ LAUNCH_TASKS = ("Reap GPU zombies before prod", "Start the server for prod",
                 "Stop the server of prod", "Reap GPU zombies after prod",
                 "Check the run's locks before prod", "Check the run's locks after prod",
                 "Hold the server state directory and port for this run", "Gather GPU facts")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_bench(tmp_path, extravars):

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,18 +29,13 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.parts imp
 from ansible_collections.servelab.serving.plugins.module_utils.run import lock
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 from ansible_collections.servelab.serving.plugins.module_utils.server import ports
+from testports import free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 MARK = "SERVELAB_TEST_RUN_MARK"
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_is_free(port: int) -> bool:

@@ -21,18 +21,13 @@ import yaml
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
 from ansible_collections.servelab.serving.plugins.module_utils.run import lock
 from simproc import simulator_script  # tests/ (conftest.py puts it on sys.path)
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
 FAKE_RANK = os.path.join(REPO, "tests", "data", "sglang", "fake_multinode_rank.py")
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _inventory(tmp_path) -> str:

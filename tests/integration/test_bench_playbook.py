@@ -19,6 +19,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.simulator.predict
     predict_crossover,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
@@ -38,12 +39,6 @@ SPEC = {"profile": "eagle3", "spec_accept_rate": 0.8, "time_scale": TIME_SCALE}
 # TIME_SCALE 10, not faster: at 40 the C=30 levels streamed ~15k tok/s, and one client process
 # sharing 2 cores with the simulator was (rightly) flagged client-limited, which left the
 # crossover level out of the report and the test without a verdict.
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_bench(tmp_path, extravars, cmdline=None):

@@ -17,6 +17,7 @@ import ansible_runner
 import pytest
 from fakesglang import fake_sglang  # tests/ (conftest.py puts it on sys.path)
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes
+from testports import free_port as _free_port  # tests/testports.py
 
 # The fast tier (make test) runs this module too: see pyproject.toml's markers.
 pytestmark = pytest.mark.core
@@ -27,12 +28,6 @@ PREFLIGHT = "servelab: preflight"
 TARGET_PREFLIGHT = "servelab: preflight on the bench clients and GPU servers"
 # Generous for a loaded 2-core box: a failing preflight takes a few seconds.
 SECONDS = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _profiles():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import read_parts
 from ansible_collections.servelab.serving.plugins.plugin_utils.progress import levels_table
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
@@ -29,12 +29,6 @@ pytestmark = pytest.mark.slow
 PROFILES = ("baseline", "eagle3")
 LEVELS = (1, 2)
 CLOCK = r"(?:\d+:)?\d\d:\d\d"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(tmp_path):

@@ -11,12 +11,12 @@ import csv
 import json
 import os
 import re
-import socket
 import subprocess
 
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
@@ -27,12 +27,6 @@ PROFILES = ("baseline",)
 LEVELS = (1, 2)
 REPEATS = 2
 CLOCK = r"(?:\d+:)?\d\d:\d\d"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(tmp_path):

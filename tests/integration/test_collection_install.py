@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -27,6 +26,7 @@ import time
 import pytest
 from importscan import heavy_imports  # tests/: the shared import scanner
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime
+from testports import free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
@@ -124,12 +124,6 @@ host_key_checking = False
 retry_files_enabled = False
 interpreter_python = auto_silent
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clean_env(tmp_path, coll) -> dict:

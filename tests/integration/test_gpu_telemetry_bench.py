@@ -13,24 +13,18 @@ import csv
 import glob
 import json
 import os
-import socket
 
 import ansible_runner
 import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import still_running
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
 FAKE = os.path.join(REPO, "tests", "fakenvml.py")
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bench(tmp_path, **more):

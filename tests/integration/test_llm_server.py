@@ -19,18 +19,13 @@ from ansible_collections.servelab.serving.plugins.module_utils.proc.table import
 from ansible_collections.servelab.serving.plugins.module_utils.server import ports as server_ports, state as server_state
 from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file
 from ansible_collections.servelab.serving.plugins.module_utils.server.manager import ServerError, ServerRequest, run
+from testports import free_port  # tests/testports.py
 
 # The fast tier (make test) runs this module too: see pyproject.toml's markers.
 pytestmark = pytest.mark.core
 
 FAKE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "data", "sglang",
                                     "fake_openai_server.py"))
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ stop. The fake server (tests/data/sglang/fake_openai_server.py) is the engine.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -17,6 +16,7 @@ import pytest
 from ansible_collections.servelab.serving.plugins.module_utils.proc import lifetime, tree as proc_tree
 from ansible_collections.servelab.serving.plugins.module_utils.server import state as server_state
 from ansible_collections.servelab.serving.plugins.module_utils.server import simulator_file
+from testports import free_port  # tests/testports.py
 
 # The fast tier (make test) runs this module too: see pyproject.toml's markers.
 pytestmark = pytest.mark.core
@@ -77,12 +77,6 @@ PLAYBOOK = """
                        'bad': bad, 'fourth': fourth}} | to_json }}}}"
         dest: "{out}"
 """
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ansible_playbook(playbook, tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from ansible_collections.servelab.serving.plugins.module_utils.server.manager im
     build_spec,
     run,
 )
+from testports import free_port  # tests/testports.py
 
 # The fast tier (make test) runs this module too: see pyproject.toml's markers.
 pytestmark = pytest.mark.core
@@ -36,12 +36,6 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAKE = os.path.join(REPO, "tests", "data", "sglang", "fake_openai_server.py")
 TAG = f"servelab-canary-{uuid.uuid4().hex}"
 PROFILE_ENV, MODULE_ENV, ARG = TAG + "-profile-env", TAG + "-module-env", TAG + "-arg"
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def profile(*extra, arg=ARG):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import uuid
@@ -30,18 +29,13 @@ import pytest
 from simproc import ServerProcess  # tests/ (conftest.py puts it on sys.path)
 
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
+from testports import free_port as _free_port  # tests/testports.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
 WRAPPER = os.path.join(REPO, "tests", "data", "simulator_api_key.py")
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _files(directory):

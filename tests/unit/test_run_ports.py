@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,15 +15,7 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils import preflight as target
 from ansible_collections.servelab.serving.plugins.module_utils.run import lock
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port <= 65533:
-            return port
+from testports import free_port  # tests/testports.py
 
 
 @pytest.fixture

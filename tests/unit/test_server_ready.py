@@ -1,6 +1,5 @@
 """Readiness waits for a generation, not for the port; it fails fast when the process dies."""
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -8,6 +7,7 @@ import pytest
 
 from ansible_collections.servelab.serving.plugins.module_utils.server.profiles import ReadyCheck
 from ansible_collections.servelab.serving.plugins.module_utils.server.ready import NotReady, log_tail, probe, wait_ready
+from testports import free_port  # tests/testports.py
 
 HEALTH = ReadyCheck(path="/health_generate")
 COMPLETION = ReadyCheck(path="/v1/completions", method="POST",
@@ -108,7 +108,3 @@ def test_log_tail_of_a_missing_file_is_empty(tmp_path):
     assert log_tail(str(tmp_path / "absent")) == ""
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -26,6 +26,7 @@ from tserve import TransformersServe   # this folder (pytest puts it on sys.path
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.table import scan_processes
 from ansible_collections.servelab.serving.plugins.module_utils.results import contract as results
+from testports import free_port as _free_port  # tests/testports.py
 
 pytestmark = [pytest.mark.thirdparty, pytest.mark.slow]
 
@@ -41,12 +42,6 @@ ACCESS = re.compile(r'"POST (/v1/chat/completions) HTTP/1\.1" (\d{3})')
 LAUNCH_TASKS = ("Reap GPU zombies before %s" % PROFILE, "Start the server for %s" % PROFILE,
                 "Stop the server of %s" % PROFILE, "Gather GPU facts",
                 "Hold the server state directory and port for this run")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
