@@ -41,7 +41,7 @@ def free_port(block: int = BLOCK) -> int:
     top = ephemeral_low() - block
     low = LOWEST if top > LOWEST + 1000 else 1024
     pick = random.SystemRandom()
-    for _ in range(500):
+    for _attempt in range(500):
         port = pick.randrange(low, top)
         if all(bindable(port + i) for i in range(block)):
             return port

@@ -106,5 +106,3 @@ def test_nothing_listening_is_a_failed_probe_not_an_exception():
 
 def test_log_tail_of_a_missing_file_is_empty(tmp_path):
     assert log_tail(str(tmp_path / "absent")) == ""
-
-
