@@ -172,9 +172,10 @@ def test_a_sweep_held_back_by_its_cap_warns_with_the_cause(tmp_path):
             server_metrics=False))
         outcome = run_levels(configs, workload)
     row = outcome.levels[0]
-    # Both counts are recorded. (Under the cap either may be the larger: arrivals due before
-    # the window are sent in it from the backlog, arrivals due in it are sent after it.)
-    assert row["scheduled_requests"] > 0 and row["requests"] > 0, row
+    # Sent in the window: arrivals from the backlog, due before it. (scheduled_requests, the
+    # arrivals due in the window that were sent, may be 0 here: under the cap every send of the
+    # window was an older arrival, and the window's own were still queued when the level ended.)
+    assert row["requests"] > 0 and row["scheduled_requests"] is not None, row
     cause = [w for w in outcome.warnings if w.startswith("rate=20/s: in-flight cap: ")]
     assert cause and "with the cap of 1 in flight" in cause[0], outcome.warnings
     # The level's lateness note names the cap too, not the sender's priority (issue 28).

@@ -344,7 +344,7 @@ FIELDS: Tuple[LevelField, ...] = (
                "by level_timeout)"),
     _row_field("arrival_rate_s", "request/s", "achieved rate", ".2f",
                "open loop: requests sent in the window / window length; none in closed loop"),
-    _row_field("scheduled_requests", "", "arrivals due", "d",
+    _row_field("scheduled_requests", "", "arrivals due, sent", "d",
                "open loop: the arrivals the schedule drew for the window that were sent (due in "
                "it, sent in it or after it); requests below it: sends slipped out of the window"),
     _row_field("send_lateness_p50_ms", "ms", "send lateness p50", ".3f",
