@@ -140,7 +140,12 @@ def _start(argv, **kw):
 
 
 def _end(popens):
+    """End what the test started: its Popens, and a grandchild PID the reaper did not take."""
     for p in popens:
+        if isinstance(p, int):
+            if is_alive(p):
+                os.kill(p, 9)
+            continue
         if p.poll() is None:
             p.kill()
         p.wait(timeout=30)
@@ -185,9 +190,13 @@ def test_reap_with_the_inventory_pattern_spares_tail_and_the_shell_and_kills_its
         tail = _start(["tail", "-f", tail_sim], start_new_session=True,
                       stdout=subprocess.DEVNULL)
         popens += [shell, tail]
-        wait_until(lambda: any(child_sim in _cmdline(c) for c in _children(shell.pid)),
+        # The python itself, not the shell's fork before its exec: that fork's cmdline is still
+        # bash's, which names the script too (CI once saw the plan taken in that instant).
+        runs_sim = "%s %s" % (sys.executable, child_sim)
+        wait_until(lambda: any(_cmdline(c).strip() == runs_sim for c in _children(shell.pid)),
                    what="the shell's python child")
-        child = next(c for c in _children(shell.pid) if child_sim in _cmdline(c))
+        child = next(c for c in _children(shell.pid) if _cmdline(c).strip() == runs_sim)
+        popens.append(child)
         opts = dict(device_glob=str(devdir / "nvidia*"), compute_device_glob="",
                     patterns=[pattern], pattern_scope="own", gpu_backend="none", grace=5.0)
 
