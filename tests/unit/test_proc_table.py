@@ -79,3 +79,32 @@ def test_an_exited_process_nobody_reaps_is_gone_though_its_proc_entry_stays():
         child.wait()
     assert lifetime.running_start_time(os.getpid()) == read_process(os.getpid()).start_time
     assert lifetime.is_alive(os.getpid(), lifetime.running_start_time(os.getpid()))
+
+
+def test_pids_with_open_file_finds_a_child_holding_a_file_and_skips_what_cannot_be_read(tmp_path):
+    from ansible_collections.servelab.serving.plugins.module_utils.proc.table import pids_with_open_file
+
+    held = tmp_path / "held"
+    held.write_text("")
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nf = open(sys.argv[1])\n"
+                              "print('open', flush=True)\ntime.sleep(600)", str(held)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "open"
+        target = os.stat(held)
+
+        def is_held(fd_path):
+            st = os.stat(fd_path)
+            return (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino)
+
+        assert pids_with_open_file(is_held) == [child.pid]
+
+        def unreadable(fd_path):
+            raise PermissionError(fd_path)     # as /proc/<pid>/fd of another user reads
+
+        assert pids_with_open_file(unreadable) == []
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert pids_with_open_file(is_held) == []

@@ -29,8 +29,9 @@ import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.proc.executes import executed_argv
-from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (PROC, ProcInfo, read_cmdline,
-                                                                                  scan_processes)
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import (PROC, ProcInfo,
+                                                                                  pids_with_open_file,
+                                                                                  read_cmdline, scan_processes)
 from ansible_collections.servelab.serving.plugins.module_utils.proc.tree import caller_lineage
 
 # apt's and dpkg's locks, in the order they take them (apt-get: lock-frontend, then lock, archives,
@@ -86,28 +87,16 @@ def lock_owner(path: str) -> Optional[int]:
 
 def _openers(path: str, proc_root: str = PROC) -> List[int]:
     """Processes with `path` open (for a lock F_GETLK cannot put a PID to)."""
-    found = []
     try:
         target = os.stat(path)
     except OSError:
-        return found
-    for name in os.listdir(proc_root):
-        if not name.isdigit():
-            continue
-        fd_dir = os.path.join(proc_root, name, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                st = os.stat(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
-                found.append(int(name))
-                break
-    return found
+        return []
+
+    def is_target(fd_path: str) -> bool:
+        st = os.stat(fd_path)
+        return (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino)
+
+    return pids_with_open_file(is_target, proc_root)
 
 
 def lock_holders(paths: Sequence[str] = LOCKS, proc_root: str = PROC,

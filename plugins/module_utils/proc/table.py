@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 PROC = "/proc"
 PF_KTHREAD = 0x00200000          # task flag (stat field 9) of kernel threads
@@ -179,6 +179,28 @@ def list_pids(proc_root: str = PROC) -> List[int]:
     except OSError:
         return []
     return sorted(int(n) for n in names if n.isdigit())
+
+
+def pids_with_open_file(matches: Callable[[str], bool], proc_root: str = PROC) -> List[int]:
+    """The processes with an open file descriptor for which `matches(<proc_root>/<pid>/fd/<n>)`
+    is true (the caller reads the link or stats it); a process or descriptor that goes away while
+    it is read, or that this user may not read, is skipped. One place for the /proc fd walk: the
+    port holders (server/ports.py) and the openers of a lock (apt/ready.py) both ask it."""
+    found = []
+    for pid in list_pids(proc_root):
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if matches(os.path.join(fd_dir, fd)):
+                    found.append(pid)
+                    break
+            except OSError:
+                continue
+    return found
 
 
 def scan_processes(proc_root: str = PROC, stat_only: bool = False) -> Dict[int, ProcInfo]:

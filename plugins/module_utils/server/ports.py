@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Set
 
-from ansible_collections.servelab.serving.plugins.module_utils.proc.table import list_pids, read_cmdline
+from ansible_collections.servelab.serving.plugins.module_utils.proc.table import pids_with_open_file, read_cmdline
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 LISTEN = "0A"
@@ -42,21 +42,8 @@ def listeners(port: int) -> Dict[int, str]:
     if not inodes:
         return {}
     wanted = {f"socket:[{inode}]" for inode in inodes}
-    holders: Dict[int, str] = {}
-    for pid in list_pids():
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"{fd_dir}/{fd}") in wanted:
-                    holders[pid] = read_cmdline(pid)
-                    break
-            except OSError:
-                continue
-    return holders
+    return {pid: read_cmdline(pid)
+            for pid in pids_with_open_file(lambda fd_path: os.readlink(fd_path) in wanted)}
 
 
 def describe(holders: Dict[int, str]) -> List[str]:
