@@ -7,17 +7,20 @@ in the embedded default inventory and `servelab bench --base-url`); there it wat
 a thread while it waits for the module, and prints a line (plugin_utils/progress.py's live_line)
 every SERVELAB_LEVEL_PROGRESS_INTERVAL seconds (default 5; 0 turns the lines off), through the
 same Display channel as the lines between levels. It only reads a file and prints: the level
-never waits on it.
+never waits on it. The file's directory is named for the process that made it, so a run killed
+before its cleanup leaves nothing that the next run does not remove (sweep_stale).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, List, Mapping, Optional
 
 from ansible_collections.servelab.serving.plugins.module_utils.loadgen.live import read_live
+from ansible_collections.servelab.serving.plugins.module_utils.proc.lifetime import is_alive
 from ansible_collections.servelab.serving.plugins.plugin_utils.progress import live_line
 from ansible_collections.servelab.serving.plugins.plugin_utils.ticker import ticking
 
@@ -25,6 +28,8 @@ INTERVAL_ENV = "SERVELAB_LEVEL_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S = 5.0
 LOCAL_TRANSPORTS = ("local", "ansible.builtin.local")
 FILE_NAME = "level.json"
+PREFIX = "servelab-live-"
+STALE_NAME = re.compile(r"^servelab-live-(\d+)-")
 
 
 def interval_s(environ: Optional[Mapping] = None) -> float:
@@ -42,12 +47,41 @@ def is_local(connection) -> bool:
     return str(getattr(connection, "transport", "") or "") in LOCAL_TRANSPORTS
 
 
+def sweep_stale(parent: Optional[str] = None) -> List[str]:
+    """Remove the directories of watches whose process is gone; return their paths.
+
+    A watch's directory goes in its own `close` (the action's finally), which a SIGKILLed
+    ansible-playbook never runs. Its name carries the PID of the process that made it, so the
+    next watch removes it once that process is gone (by is_alive's rule). Only this user's
+    directories, never a link; a directory of a live PID is kept, even if that PID was reused."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = STALE_NAME.match(entry.name)
+        try:
+            if not match or not entry.is_dir(follow_symlinks=False) \
+                    or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue
+        except OSError:
+            continue
+        if is_alive(int(match.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
 class LiveWatch:
     """A directory for the module's file, and the thread that prints from it during a call."""
 
-    def __init__(self, say: Callable[[str], None], interval: float):
+    def __init__(self, say: Callable[[str], None], interval: float, parent: Optional[str] = None):
         self.say, self.interval = say, float(interval)
-        self.directory = tempfile.mkdtemp(prefix="servelab-live-")
+        sweep_stale(parent)
+        self.directory = tempfile.mkdtemp(prefix="%s%d-" % (PREFIX, os.getpid()), dir=parent)
         self.path = os.path.join(self.directory, FILE_NAME)
 
     def close(self) -> None:

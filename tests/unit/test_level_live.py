@@ -81,6 +81,36 @@ def test_the_action_watches_only_a_local_module_and_only_when_lines_are_on():
     assert live_watch.interval_s({live_watch.INTERVAL_ENV: "often"}) == 0.0
 
 
+def test_a_watch_sweeps_the_directories_of_gone_processes_and_keeps_everything_else(tmp_path):
+    """A SIGKILLed ansible-playbook never runs the action's finally: its watch directory stays.
+    The next watch removes it once the process that made it is gone, and nothing else."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    stale = tmp_path / ("servelab-live-%d-abc123" % gone.pid)
+    stale.mkdir()
+    (stale / live_watch.FILE_NAME).write_text("{}")
+    alive = tmp_path / ("servelab-live-%d-def456" % os.getppid())
+    alive.mkdir()
+    older = tmp_path / "servelab-live-q1w2e3"            # an earlier release's name: no PID
+    older.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / ("servelab-live-%d-link" % gone.pid)
+    link.symlink_to(target)
+    watch = live_watch.LiveWatch(print, 5.0, parent=str(tmp_path))
+    try:
+        assert not stale.exists()
+        assert alive.is_dir() and older.is_dir() and link.is_symlink() and target.is_dir()
+        assert os.path.basename(watch.directory).startswith("servelab-live-%d-" % os.getpid())
+        assert live_watch.sweep_stale(str(tmp_path)) == []      # its own is kept: it runs
+    finally:
+        watch.close()
+    assert not os.path.exists(watch.directory)
+
+
 def test_a_level_given_a_progress_file_leaves_its_last_figures_there(tmp_path):
     """run_level against the fake server: the file's last snapshot counts what the level did
     (the finished requests' tokens come from the client processes' shared counter)."""
