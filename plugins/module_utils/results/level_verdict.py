@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Tuple
 
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_csv import as_bool
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
-    ITL_BASIS_CHUNK, STOP_SERVER_FAILING, TOKENS_SERVER, as_bool,
+    ITL_BASIS_CHUNK, STOP_SERVER_FAILING, TOKENS_SERVER,
 )
 
 USABLE = "usable"

@@ -15,9 +15,10 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.level_ver
     level_flags, level_verdict,
 )
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import row_repeat
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_csv import as_bool
 from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
     COUNT, KIND_BOOL, KIND_INT, KIND_STR, LAYOUTS, LOAD_MODE_RATE, QUANTILES, SPREAD,
-    VIEW_LINE, Cell, as_bool, field_of,
+    VIEW_LINE, Cell, field_of,
 )
 
 MISSING = "-"

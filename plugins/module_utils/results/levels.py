@@ -3,7 +3,8 @@
 A level row is one (host, profile, load level) of a sweep, as llm_bench measured it. Each field is
 defined here once, with its unit, its header, its display format and what it means; levels.csv's
 columns, the live progress line, the callback's lines and the report's tables are all rendered
-from these definitions (level_views.py), so a figure reads the same wherever it is shown.
+from these definitions (level_views.py), so a figure reads the same wherever it is shown; its
+cells in levels.csv are written and read back typed by them too (level_csv.py).
 
 The words the row's text fields take (load modes, ITL basis, token source, stop reasons) are
 defined here too: producers write them and consumers compare against them by name.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import LEVEL_COLUMNS
 from ansible_collections.servelab.serving.plugins.module_utils.results.percentiles import (
@@ -201,7 +202,7 @@ def _row_field(name: str, unit: str, header: str, fmt: str, meaning: str,
     return LevelField(name, unit, header, fmt, meaning, kind, optional, server=False, vllm=vllm)
 
 
-def _server_field(name: str, unit: str, header: str, fmt: str, meaning: str) -> LevelField:
+def server_field(name: str, unit: str, header: str, fmt: str, meaning: str) -> LevelField:
     return LevelField(name, unit, header, fmt, meaning, KIND_FLOAT, optional=True, server=True)
 
 
@@ -392,25 +393,25 @@ FIELDS: Tuple[LevelField, ...] = (
     _row_field("gpu_samples", "", "GPU samples", "d",
                "telemetry samples inside the window (none: no telemetry for this level)"),
     # --- the server's /metrics over the window (loadgen/server_metrics.py), when it has them ---
-    _server_field("server_running_reqs_mean", "", "server running", ".1f",
+    server_field("server_running_reqs_mean", "", "server running", ".1f",
                   "requests the server was running, mean over the window"),
-    _server_field("server_queued_reqs_mean", "", "server queued", ".1f",
+    server_field("server_queued_reqs_mean", "", "server queued", ".1f",
                   "requests waiting in the server's queue, mean over the window"),
-    _server_field("server_token_usage_mean", "", "server KV usage", ".2f",
+    server_field("server_token_usage_mean", "", "server KV usage", ".2f",
                   "fraction of the KV cache in use, mean over the window"),
-    _server_field("server_spec_accept_length_mean", "tokens", "spec accept length", ".2f",
+    server_field("server_spec_accept_length_mean", "tokens", "spec accept length", ".2f",
                   "speculative decoding: tokens accepted per verification step, mean"),
-    _server_field("server_gen_throughput_mean", "tok/s", "server gen throughput", ".1f",
+    server_field("server_gen_throughput_mean", "tok/s", "server gen throughput", ".1f",
                   "the server's own generation throughput gauge, mean over the window"),
-    _server_field("server_cache_hit_rate_mean", "", "server cache hit rate", ".2f",
+    server_field("server_cache_hit_rate_mean", "", "server cache hit rate", ".2f",
                   "prefix cache hit rate, mean over the window"),
-    _server_field("server_generation_tokens_s", "tok/s", "server generation", ".1f",
+    server_field("server_generation_tokens_s", "tok/s", "server generation", ".1f",
                   "generated-token counter over the window, per second"),
-    _server_field("server_prompt_tokens_s", "tok/s", "server prompt", ".1f",
+    server_field("server_prompt_tokens_s", "tok/s", "server prompt", ".1f",
                   "prompt-token counter over the window, per second"),
-    _server_field("server_requests_s", "request/s", "server requests", ".2f",
+    server_field("server_requests_s", "request/s", "server requests", ".2f",
                   "finished-request counter over the window, per second"),
-    _server_field("server_metrics_span_s", "s", "server metrics span", ".1f",
+    server_field("server_metrics_span_s", "s", "server metrics span", ".1f",
                   "time between the /metrics samples the counters were differenced over"),
 )
 
@@ -447,7 +448,7 @@ FIXED_COLUMNS: Tuple[str, ...] = ROW_COLUMNS + tuple(f.name for f in FIELDS if f
 # The columns of the percentiles chosen by the user (results/percentiles.py)
 
 
-def percentile_field(name: str) -> Optional["LevelField"]:
+def percentile_field(name: str) -> Optional[LevelField]:
     """The field of a chosen percentile's column (like the fixed ones': ms, one decimal), or
     None for a name that is not one."""
     parts = percentile_parts(name)
@@ -461,7 +462,7 @@ def percentile_field(name: str) -> Optional["LevelField"]:
                       KIND_FLOAT, True, False, vllm=("p%s_%s_ms" % (word, METRIC_VLLM[metric]),))
 
 
-def field_of(name: str) -> Optional["LevelField"]:
+def field_of(name: str) -> Optional[LevelField]:
     """The field of a column: the table's, or a chosen percentile's; None for others."""
     return FIELD.get(name) or percentile_field(name)
 
@@ -542,71 +543,3 @@ LAYOUTS: Dict[str, Tuple[Cell, ...]] = {
 
 # vLLM's result key -> the field holding that figure (several keys may name one field).
 VLLM_KEYS: Dict[str, str] = {key: f.name for f in FIELDS for key in f.vllm}
-
-
-# --------------------------------------------------------------------------------------------
-# levels.csv cells: written as text, read back typed
-
-_TRUE = frozenset(("true", "1", "yes", "y", "t"))
-
-
-def as_bool(value) -> bool:
-    """A flag from a typed value or from text ('true', 'false', '1', ...); None is false."""
-    if isinstance(value, str):
-        return value.strip().lower() in _TRUE
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return False
-    return bool(value)
-
-
-def csv_cell(value) -> object:
-    """A value as levels.csv writes it: None blank, flags true/false, the rest as is."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return value
-
-
-def _read_cell(f: LevelField, text: str):
-    text = text.strip()
-    if text == "" or text.lower() == "nan":
-        # A blank text field that cannot be None was written from "" (e.g. stop_reason).
-        return "" if f.kind == KIND_STR and not f.optional else None
-    if f.kind == KIND_STR:
-        return text
-    if f.kind == KIND_BOOL:
-        return text.lower() in _TRUE
-    try:
-        number = float(text)
-    except ValueError:
-        return None   # not a number where one belongs: shown as not measured
-    if f.kind == KIND_INT and number.is_integer():
-        return int(number)
-    return number
-
-
-def row_from_csv(record: Mapping[str, Optional[str]]) -> dict:
-    """One levels.csv record (text cells, as csv.DictReader gives them) as a typed row dict.
-
-    Only the columns present are set: an older or hand-written file keeps its gaps (and readers
-    their defaults). server_* cells go back into `server_metrics`; columns the field table does
-    not know (e.g. an optional `status`) are kept as text, blank as None."""
-    row: dict = {}
-    server: Dict[str, float] = {}
-    for name, text in record.items():
-        if name is None:            # cells beyond the header: nothing to name them by
-            continue
-        text = "" if text is None else str(text)
-        f = field_of(name)
-        if f is not None and not f.server:
-            row[name] = _read_cell(f, text)
-        elif f is not None or name.startswith("server_"):
-            value = _read_cell(f or _server_field(name, "", name, "", ""), text)
-            if value is not None:
-                server[name] = value
-        else:
-            row[name] = text.strip() or None
-    if server or any(n.startswith("server_") for n in record if n):
-        row["server_metrics"] = server
-    return row

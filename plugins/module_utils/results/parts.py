@@ -25,9 +25,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 from ansible_collections.servelab.serving.plugins.module_utils.results.contract import (
     LEVELS, PARTS_DIR, REQUESTS, atomic_write_chunks, atomic_write_text,
 )
-from ansible_collections.servelab.serving.plugins.module_utils.results.levels import (
-    LOAD_MODE_RATE, csv_cell, csv_columns, row_from_csv,
-)
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_csv import csv_cell, row_from_csv
+from ansible_collections.servelab.serving.plugins.module_utils.results.levels import LOAD_MODE_RATE, csv_columns
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -124,7 +123,7 @@ def levels_csv(rows: List[dict]) -> str:
 
 
 def read_levels_csv(path: str) -> List[dict]:
-    """levels.csv's records as typed row dicts (levels.row_from_csv): the reader for runs
+    """levels.csv's records as typed row dicts (level_csv.row_from_csv): the reader for runs
     without parts. Raises OSError, csv.Error or UnicodeDecodeError as the file gives them."""
     with open(path, newline="", encoding="utf-8") as fh:
         return [row_from_csv(record) for record in csv.DictReader(fh)]

@@ -40,9 +40,9 @@ from ansible_collections.servelab.serving.plugins.module_utils.results.levels im
     KIND_FLOAT,
     KIND_INT,
     LOAD_MODE_RATE,
-    as_bool,
     field_of,
 )
+from ansible_collections.servelab.serving.plugins.module_utils.results.level_csv import as_bool
 from ansible_collections.servelab.serving.plugins.module_utils.results.parts import (
     PartError,
     read_levels_csv,
