@@ -47,8 +47,9 @@ test-integration: setup
 test-thirdparty: setup
 	$(call pytest,-m thirdparty $(XDIST) tests)
 
+# The lab sets CI's time (about 40 min of it): its slowest tests are listed at the end.
 test-lab: setup
-	$(call pytest,-m lab tests)
+	$(call pytest,-m lab --durations=25 tests)
 
 test-all: setup
 	$(call pytest,$(XDIST) tests)
