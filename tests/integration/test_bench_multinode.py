@@ -30,12 +30,13 @@ FAKE_RANK = os.path.join(REPO, "tests", "data", "sglang", "fake_multinode_rank.p
 pytestmark = pytest.mark.slow
 
 
-def _inventory(tmp_path) -> str:
+def _inventory(tmp_path, host_vars=None) -> str:
     path = tmp_path / "inventory.yml"
     local = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
-    node_a = dict(local, ansible_host="127.0.0.1", bench_state_dir=str(tmp_path / "servers-a"))
+    node_a = dict(local, ansible_host="127.0.0.1", bench_state_dir=str(tmp_path / "servers-a"),
+                  **(host_vars or {}).get("node-a", {}))
     node_b = dict(local, ansible_host="127.0.0.2", bench_server_bind="127.0.0.2",
-                  bench_state_dir=str(tmp_path / "servers-b"))
+                  bench_state_dir=str(tmp_path / "servers-b"), **(host_vars or {}).get("node-b", {}))
     path.write_text(yaml.safe_dump({"all": {"children": {
         "gpu_servers": {"hosts": {"node-a": node_a}},
         "bench_clients": {"hosts": {"localhost": local}},
@@ -156,13 +157,14 @@ def _pair_vars():
     return extravars
 
 
-def _run_pair(tmp_path, extravars):
+def _run_pair(tmp_path, extravars, host_vars=None):
     env = {"PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
            "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
            "SERVELAB_RESULTS_ROOT": str(tmp_path / "results")}
     (tmp_path / "runner").mkdir()
     return ansible_runner.run(private_data_dir=str(tmp_path / "runner"), project_dir=REPO,
-                              playbook=os.path.join(REPO, "bench.yml"), inventory=_inventory(tmp_path),
+                              playbook=os.path.join(REPO, "bench.yml"),
+                              inventory=_inventory(tmp_path, host_vars),
                               extravars=extravars, envvars=env, quiet=True, timeout=600)
 
 
@@ -316,3 +318,63 @@ def test_an_interrupt_cleans_up_the_rank_outside_gpu_servers_and_releases_its_lo
     assert not os.path.exists(os.path.join(state_b, lock.STATE_DIR_LOCK)), run.output[-3000:]
     manifest = json.loads((tmp_path / "results" / "pair-interrupted" / "manifest.json").read_text())
     assert manifest["status"] == "interrupted", run.output[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# The other ranks' hosts are reaped too: a zombie there would hold the GPUs the rank needs.
+
+
+def test_a_zombie_on_a_rank_host_outside_gpu_servers_is_reaped_before_the_ranks_start(tmp_path):
+    """node-b (rank 1, not a GPU server: its rank 0 locked it) holds a stale server: a python
+    running a script its own host_vars' pattern names. The reap from rank 0 takes it before any
+    rank starts, with node-b's settings (node-a's pattern names something else), spares a `tail`
+    of the same file, and runs again after the ranks stopped."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    stale_dir = tmp_path / "stale-b"
+    stale_dir.mkdir()
+    stale = stale_dir / "stale_rank.py"
+    stale.write_text("import time\ntime.sleep(600)\n")
+    no_gpu = str(tmp_path / "no-gpu" / "nvidia*")
+
+    def reap_vars(directory):
+        return {"bench_reap_patterns": [re.escape(str(directory)) + r"/[^/ ]+\.py"],
+                "bench_reap_pattern_scope": "own", "bench_reap_device_glob": no_gpu,
+                "bench_reap_grace": 5}
+
+    host_vars = {"node-a": reap_vars(tmp_path / "stale-a"), "node-b": reap_vars(stale_dir)}
+    extravars = _pair_vars()
+    extravars["bench_profiles"][0]["command"] += ["--events", str(tmp_path / "rank-events.log"),
+                                                  "--time-scale", "10"]
+    extravars.update(bench_reap=True, bench_warmup_requests=1, bench_max_tokens=32, bench_workload={
+        "kind": "synthetic", "input_tokens": 64, "output_tokens": 32, "count": 8})
+    zombie = subprocess.Popen([sys.executable, str(stale)], start_new_session=True)
+    tail = subprocess.Popen(["tail", "-f", str(stale)], stdout=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        r = _run_pair(tmp_path, extravars, host_vars)
+        out = r.stdout.read()
+        assert r.rc == 0, out[-3000:]
+        zombie.wait(timeout=30)          # taken (a signal), not left to run out
+        assert zombie.returncode < 0, zombie.returncode
+        assert tail.poll() is None, "the tail only names the file: a bystander"
+
+        def reaped(when):
+            return {e["event_data"]["res"]["__bench_rank_lock"]["__bench_rank_host"]:
+                    [k["pid"] for k in e["event_data"]["res"].get("killed", [])]
+                    for e in r.events if e.get("event") == "runner_item_on_ok"
+                    and e["event_data"].get("task") == (
+                        "Reap GPU zombies on the other ranks' hosts - %s pair" % when)}
+
+        assert reaped("before") == {"node-b": [zombie.pid]}, out[-3000:]
+        assert reaped("after") == {"node-b": []}, out[-3000:]
+        tasks = [e["event_data"].get("task") for e in r.events if e.get("event") == "runner_on_start"]
+        reap_at = tasks.index("Reap GPU zombies on the other ranks' hosts - before pair")
+        start_at = tasks.index("Start the ranks in rank order, then wait for them, rank 0 last - pair")
+        assert reap_at < start_at, tasks
+    finally:
+        for proc in (zombie, tail):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
