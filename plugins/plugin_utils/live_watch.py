@@ -29,7 +29,7 @@ DEFAULT_INTERVAL_S = 5.0
 LOCAL_TRANSPORTS = ("local", "ansible.builtin.local")
 FILE_NAME = "level.json"
 PREFIX = "servelab-live-"
-STALE_NAME = re.compile(r"^servelab-live-(\d+)-")
+STALE_NAME = re.compile("^%s(\\d+)-" % re.escape(PREFIX))   # PREFIX<pid>-<random>
 
 
 def interval_s(environ: Optional[Mapping] = None) -> float:
